@@ -1,0 +1,5 @@
+import sys
+
+from grpoplus.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""From prompts to a :class:`TrainBatch`: rollout, rewards, filters, log-probs, advantages.
+
+The order follows ALGORITHMS.md: rewards (plus soft overlong shaping) -> group filters
+(dynamic sampling with refill, or zero-variance filtering) -> learner log-probs (old,
+reference) -> KL in reward -> advantages (GFPO on the kept responses) -> loss-mask filters
+(overlong filtering, high-entropy mask). Every stage reports its metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus import algo as A
+from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.update import TrainBatch
+from grpoplus.rollout.base import Rollouts, SamplingParams, concat_rollouts, select_rows
+
+
+@dataclass
+class ScoredRollouts:
+    rollouts: Rollouts
+    rewards: torch.Tensor  # [N] float32 total reward (after shaping)
+    correct: torch.Tensor  # [N] bool, task verifier says right
+    components: dict[str, list]  # name -> [N] per-component rewards
+
+
+class PromptSampler:
+    """Deterministic epoch-wise shuffled order over the training prompts; its state is two ints."""
+
+    def __init__(self, size: int, seed: int):
+        if size == 0:
+            raise ValueError("the training split holds no prompts")
+        self.size, self.seed, self.epoch, self.pos = size, seed, 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=gen).tolist()
+
+    def next(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos == self.size:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._permutation()
+
+
+def score(rollouts: Rollouts, examples: list, rewards_fn, algo: A.AlgoConfig, correct_key: str) -> ScoredRollouts:
+    """Reward every response; add DAPO soft overlong punishment when switched on."""
+    per_row = [examples[rollouts.prompt_index[g]] for g in rollouts.group_ids.tolist()]
+    fields = {"answer": [ex.answer for ex in per_row],
+              "completion_length": rollouts.lengths.tolist(),
+              "finished": rollouts.finished.tolist()}
+    for key in per_row[0].fields if per_row else []:
+        fields[key] = [ex.fields.get(key) for ex in per_row]
+    result = rewards_fn([ex.prompt for ex in per_row], rollouts.texts, fields)
+    rewards = torch.tensor(result.total, dtype=torch.float32)
+    if algo.overlong_shaping:
+        rewards = rewards + A.soft_overlong_penalty(rollouts.lengths, algo.max_len, algo.overlong_cache)
+    correct = torch.tensor([(c or 0.0) >= 1.0 for c in result.components[correct_key]], dtype=torch.bool)
+    return ScoredRollouts(rollouts, rewards, correct, result.components), result.metrics
+
+
+def select_scored(s: ScoredRollouts, rows: torch.Tensor) -> ScoredRollouts:
+    return ScoredRollouts(select_rows(s.rollouts, rows), s.rewards[rows], s.correct[rows],
+                          {k: [v[i] for i in rows.tolist()] for k, v in s.components.items()})
+
+
+def collect(engine, sampler: PromptSampler, examples: list, rewards_fn, algo: A.AlgoConfig,
+            params: SamplingParams, prompts_per_step: int, generator: torch.Generator, pad_id: int,
+            correct_key: str) -> tuple[ScoredRollouts, list[ScoredRollouts], dict]:
+    """Sample and score groups; with dynamic sampling drop all-equal groups and refill until
+    ``prompts_per_step`` groups are kept or ``max_sampling_rounds`` rounds are spent.
+
+    Returns (batch to train on, every scored round for metrics, stage metrics)."""
+    filtering = algo.dynamic_sampling or algo.zero_variance_filter
+    max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
+    kept, drawn, rounds, times, metrics = [], [], 0, {"rollout": 0.0, "reward": 0.0}, {}
+    n_kept = 0
+    while rounds < max_rounds and (rounds == 0 or n_kept < prompts_per_step):
+        rounds += 1
+        idx = sampler.next(prompts_per_step)
+        t0 = time.perf_counter()
+        rollouts = engine.generate([examples[i].prompt for i in idx], params, prompt_index=idx, generator=generator)
+        t1 = time.perf_counter()
+        scored, metrics = score(rollouts, examples, rewards_fn, algo, correct_key)
+        times["rollout"] += t1 - t0
+        times["reward"] += time.perf_counter() - t1
+        drawn.append(scored)
+        if filtering:
+            keep_rows = torch.nonzero(~A.zero_variance_groups(scored.rewards, rollouts.group_ids)).squeeze(1)
+            scored = select_scored(scored, keep_rows) if len(keep_rows) else None
+        if scored is not None:
+            kept.append(scored)
+            n_kept += len(scored.rollouts.prompt_index)
+    batch = _merge(kept, pad_id, prompts_per_step)
+    groups_drawn = rounds * prompts_per_step
+    metrics.update({"sampling/rounds": float(rounds), "sampling/groups_drawn": float(groups_drawn),
+                    "sampling/groups_kept": float(len(batch.rollouts.prompt_index) if batch else 0),
+                    "sampling/kept_frac": (len(batch.rollouts.prompt_index) if batch else 0) / groups_drawn,
+                    "time/rollout_s": times["rollout"], "time/reward_s": times["reward"]})
+    return batch, drawn, metrics
+
+
+def _merge(parts: list[ScoredRollouts], pad_id: int, max_groups: int) -> ScoredRollouts | None:
+    if not parts:
+        return None
+    merged = ScoredRollouts(concat_rollouts([p.rollouts for p in parts], pad_id),
+                            torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]),
+                            {k: [v for p in parts for v in p.components[k]] for k in parts[0].components})
+    if len(merged.rollouts.prompt_index) > max_groups:  # DAPO keeps exactly B groups
+        merged = select_scored(merged, torch.nonzero(merged.rollouts.group_ids < max_groups).squeeze(1))
+    return merged
+
+
+@torch.no_grad()
+def learner_logprobs(model, rollouts: Rollouts, temperature: float, micro_batch_size: int, with_entropy: bool):
+    return response_logprobs(model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.response_ids,
+                             rollouts.response_mask, temperature=temperature, with_entropy=with_entropy,
+                             micro_batch_size=micro_batch_size)
+
+
+def build_train_batch(scored: ScoredRollouts, model, ref_model, algo: A.AlgoConfig, *, temperature: float,
+                      micro_batch_size: int, recompute_logp_old: bool) -> tuple[TrainBatch, dict, torch.Tensor]:
+    """Learner-side preparation: logp_old / entropy / logp_ref, advantages and loss-mask filters.
+
+    Returns (batch, metrics, entropy [N, T])."""
+    r = scored.rollouts
+    mask = r.response_mask.float()
+    logp_old, entropy = learner_logprobs(model, r, temperature, micro_batch_size, with_entropy=True)
+    if not recompute_logp_old:
+        logp_old = r.logp_roll.clone()
+    logp_ref = None
+    if ref_model is not None:
+        logp_ref, _ = learner_logprobs(ref_model, r, temperature, micro_batch_size, with_entropy=False)
+    rewards = scored.rewards
+    metrics: dict[str, float] = {}
+    if logp_ref is not None and algo.kl_placement == "in_reward":
+        rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
+    advantages, loss_mask = _advantages(rewards, r, algo, mask)
+    if algo.overlong_filter:
+        loss_mask = A.overlong_filter_mask(loss_mask, r.finished)
+        metrics["filter/overlong_frac"] = float((~r.finished).float().mean())
+    if algo.entropy_mask_rho < 1.0:
+        loss_mask = A.high_entropy_mask(entropy, loss_mask, algo.entropy_mask_rho)
+    metrics["filter/active_token_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
+    batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
+                       r.logp_roll, logp_old, logp_ref, r.group_ids)
+    return batch, metrics, entropy
+
+
+def _advantages(rewards: torch.Tensor, r: Rollouts, algo: A.AlgoConfig, mask: torch.Tensor):
+    if algo.gfpo_keep:
+        keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric)
+        advantages = torch.zeros_like(rewards)
+        advantages[keep] = A.compute_advantages(rewards[keep], r.group_ids[keep], estimator=algo.adv_estimator,
+                                                eps=algo.adv_eps)
+        return advantages, mask * keep.unsqueeze(1).float()
+    return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps), mask

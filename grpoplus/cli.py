@@ -1,0 +1,89 @@
+"""``grpoplus`` command line: train | report | compare | doctor | presets."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# Flags that are shorthands for config keys.
+FLAG_KEYS = {"task": "data.task", "out": "run.out", "model": "learner.model", "data": "data.data",
+             "eval_data": "data.eval_data", "prompt_field": "data.prompt_field",
+             "answer_field": "data.answer_field", "seed": "run.seed", "max_steps": "run.max_steps"}
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a policy (or resume a run)",
+                       description="Train with a preset, a YAML config and key=value overrides of any config "
+                                   "field, e.g. `grpoplus train --preset dapo --task arithmetic --out runs/demo "
+                                   "max_steps=8 eps_high=0.3`. See --help-config for every key.")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config field")
+    p.add_argument("--preset", default=None, help="algorithm preset (see `grpoplus presets`); default dapo")
+    p.add_argument("--config", default=None, help="YAML file of config values (nested by section or flat)")
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its last complete checkpoint")
+    p.add_argument("--task", help="built-in task: arithmetic | countdown (default arithmetic)")
+    p.add_argument("--out", help="run directory (default runs/demo)")
+    p.add_argument("--model", help="local HF model dir, .gguf file, or `smollm2` (default: built-in tiny model)")
+    p.add_argument("--data", help="JSONL / JSON / Parquet file or saved datasets dir with prompts and answers")
+    p.add_argument("--eval-data", dest="eval_data", help="held-out file (default: a split of --data)")
+    p.add_argument("--prompt-field", dest="prompt_field", help="prompt column of --data (default prompt)")
+    p.add_argument("--answer-field", dest="answer_field", help="answer column of --data (default answer)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-steps", dest="max_steps", type=int)
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit")
+    p.set_defaults(func=_train)
+
+
+def _train(args) -> int:
+    from grpoplus.config import build_config, describe_keys
+    from grpoplus.trainer import resume_config, train
+
+    if args.help_config:
+        print(describe_keys())
+        return 0
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
+    overrides += list(args.overrides)
+    if args.resume:
+        if args.preset or args.config:
+            raise ValueError("--resume takes the run's saved config: give changes as key=value, not --preset/--config")
+        cfg = resume_config(args.resume, [o for o in overrides if not o.startswith("run.out=")])
+        cfg.run.out = args.resume
+        train(cfg, resume=True)
+    else:
+        train(build_config(args.preset, args.config, overrides))
+    return 0
+
+
+def _presets(args) -> int:
+    from grpoplus.algo import AlgoConfig
+
+    for name in AlgoConfig.preset_names():
+        print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from grpoplus.metrics.commands import register_commands
+
+    parser = argparse.ArgumentParser(prog="grpoplus", description="RL post-training with verifiable rewards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    register_commands(sub)
+    sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=_presets)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the last complete checkpoint and metrics.jsonl are kept; "
+              "continue with `grpoplus train --resume RUN`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""One config tree for a training run, validated once at the edge.
+
+Sections: ``run``, ``data``, ``rollout``, ``learner`` (defined here) and ``algo``
+(:class:`grpoplus.algo.AlgoConfig`). A run is configured by a preset (algo section), an
+optional YAML file and ``key=value`` overrides. A bare key (``eps_high=0.3``) names the
+one field of that name in any section; a dotted key (``algo.eps_high=0.3``) names it
+explicitly. Unknown keys and values of the wrong type are errors naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpoplus.algo import AlgoConfig
+
+
+@dataclass
+class RunConfig:
+    out: str = "runs/demo"
+    """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, report/."""
+    seed: int = 0
+    """Seeds the model warm start, data order, sampling and evaluation."""
+    max_steps: int = 120
+    """Rollout batches to train on (each is num_iterations x num_minibatches optimizer steps)."""
+    eval_every: int = 20
+    """Held-out evaluation every K steps (and at step 0 and the last step); 0 = only at the ends."""
+    save_every: int = 20
+    """Checkpoint every K steps (and at the last step); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many complete checkpoints to keep (the newest)."""
+    log_samples: int = 4
+    """Completions per step written to samples.jsonl."""
+    doctor_every: int = 10
+    """Run the doctor on the metrics so far every K steps and warn on new findings; 0 = off."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars under RUN/tb."""
+    progress: bool = True
+    """Show a live progress bar."""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)."""
+    preset: str = "dapo"
+    """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
+    overrides: list = field(default_factory=list)
+    """The key=value overrides given on the command line (recorded for reports)."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arithmetic"
+    """Built-in task (arithmetic, countdown) or, with `data`, the name shown in logs."""
+    difficulty: int | None = None
+    """Difficulty knob of the built-in task (None = the task's default)."""
+    data: str | None = None
+    """JSONL / JSON / Parquet file or saved `datasets` directory of prompts with answers."""
+    eval_data: str | None = None
+    """Held-out file (defaults to a split of `data`)."""
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    answer_format: str = "auto"
+    """How to read the reference answer: raw | gsm8k | math | auto."""
+    on_bad_row: str = "skip"
+    """Malformed data rows: skip (reported with line numbers) | error."""
+    eval_size: int = 200
+    """Held-out prompts per evaluation."""
+    rewards: list = field(default_factory=lambda: ["task"])
+    """Reward components: `task` (the task's verifier), built-in names, `module:function`,
+    `file.py:function`, each optionally with `:weight`."""
+    reward_workers: int = 0
+    """0 = score in-process; N > 0 = process pool of N workers (for slow or untrusted rewards)."""
+    reward_timeout_s: float = 10.0
+    """Per-call reward time limit (pool workers only)."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template to data-set prompts when it has one."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine (registered in grpoplus.rollout.ENGINES)."""
+    prompts_per_step: int = 16
+    """Groups per rollout batch (B)."""
+    group_size: int = 8
+    """Responses per prompt (G)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+    sampler_precision: str = "fp32"
+    """fp32 (sampler shares the learner's weights) | bf16_rounded (emulated low-precision sampler)."""
+    eval_samples: int = 4
+    """Sampled responses per held-out prompt (pass@k with k = this); 0 = greedy only."""
+
+
+@dataclass
+class LearnerConfig:
+    model: str | None = None
+    """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    warmup_steps: int = 5
+    """Linear learning-rate warm-up, in optimizer steps."""
+    lr_schedule: str = "constant"
+    """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64
+    """Responses per forward/backward; gradients are accumulated with exact normalisation."""
+    recompute_logp_old: bool = True
+    """Learner recomputes logp_old (False: logp_old = logp_roll)."""
+    device: str = "cpu"
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "learner": LearnerConfig,
+    "algo": AlgoConfig,
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.answer_format": ("raw", "gsm8k", "math", "auto"),
+    "data.on_bad_row": ("skip", "error"),
+    "rollout.sampler_precision": ("fp32", "bf16_rounded"),
+    "learner.lr_schedule": ("constant", "cosine", "linear"),
+}
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.preset("dapo"))
+
+    def to_dict(self) -> dict:
+        return {name: _section_dict(getattr(self, name)) for name in SECTIONS}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _section_dict(section: Any) -> dict:
+    out = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _field_index() -> dict[str, list[str]]:
+    """Bare field name -> sections that have it."""
+    index: dict[str, list[str]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            index.setdefault(f.name, []).append(section)
+    return index
+
+
+def _resolve_key(key: str) -> tuple[str, str]:
+    index = _field_index()
+    if "." in key:
+        section, _, name = key.partition(".")
+        if section not in SECTIONS:
+            raise ValueError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}")
+        if section not in index.get(name, []):
+            valid = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
+            raise ValueError(f"unknown config key {key!r}; keys of {section}: {valid}")
+        return section, name
+    sections = index.get(key)
+    if not sections:
+        raise ValueError(f"unknown config key {key!r}; see `grpoplus train --help-config` for the keys")
+    if len(sections) > 1:
+        raise ValueError(f"config key {key!r} is ambiguous: write one of {', '.join(s + '.' + key for s in sections)}")
+    return sections[0], key
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check ``value`` against a field annotation (as written in the dataclass)."""
+    hint = eval(annotation, vars(typing) | {"Any": Any}) if isinstance(annotation, str) else annotation
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if origin is bool and isinstance(value, bool):
+            return value
+        if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        if origin in (list, tuple):
+            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+            return origin(items)
+        if origin is Any:
+            return value
+    raise ValueError(f"config key {key!r}: {value!r} is not a valid {hint}")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"eps_high=0.3"`` -> ``("eps_high", 0.3)`` with YAML typing of the value."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} is not of the form key=value")
+    key, _, raw = text.partition("=")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip(), value
+
+
+def build_config(preset: str | None = None, yaml_path: str | None = None,
+                 overrides: list[str] | None = None, base: dict | None = None) -> Config:
+    """Preset + YAML file + key=value overrides (later wins) -> a validated :class:`Config`.
+
+    ``base`` is a saved resolved config (``config.yaml`` of a run, for resume); the preset
+    then only fills what ``base`` does not say.
+    """
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if base:
+        _merge_nested(values, base, source="saved config")
+    if yaml_path:
+        path = Path(yaml_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {yaml_path!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {yaml_path!r} must hold a mapping, not {type(loaded).__name__}")
+        _merge_yaml(values, loaded)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        section, name = _resolve_key(key)
+        values[section][name] = value
+    preset = values["run"].get("preset") if preset is None else preset
+    preset = preset or "dapo"
+    values["run"]["preset"] = preset
+    if overrides is not None:
+        values["run"]["overrides"] = list(values["run"].get("overrides", [])) + list(overrides)
+    return _materialise(preset, values)
+
+
+def _merge_nested(values: dict, nested: dict, source: str) -> None:
+    for section, items in nested.items():
+        if section not in SECTIONS:
+            raise ValueError(f"{source}: unknown config section {section!r}; sections: {', '.join(SECTIONS)}")
+        if not isinstance(items, dict):
+            raise ValueError(f"{source}: section {section!r} must be a mapping")
+        for name, value in items.items():
+            _resolve_key(f"{section}.{name}")
+            values[section][name] = value
+
+
+def _merge_yaml(values: dict, loaded: dict) -> None:
+    """A YAML file may be nested by section or flat (bare or dotted keys), or mix both."""
+    for key, value in loaded.items():
+        if key in SECTIONS and isinstance(value, dict):
+            _merge_nested(values, {key: value}, source="config file")
+        else:
+            section, name = _resolve_key(key)
+            values[section][name] = value
+
+
+def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
+    sections = {}
+    for section, cls in SECTIONS.items():
+        if cls is AlgoConfig:
+            continue
+        hints = {f.name: f.type for f in dataclasses.fields(cls)}
+        kwargs = {name: _coerce(f"{section}.{name}", v, hints[name]) for name, v in values[section].items()}
+        for name, value in kwargs.items():
+            allowed = CHOICES.get(f"{section}.{name}")
+            if allowed and value not in allowed:
+                raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
+        sections[section] = cls(**kwargs)
+    algo_values = dict(values["algo"])
+    algo_values.setdefault("max_len", sections["rollout"].max_new_tokens)
+    sections["algo"] = AlgoConfig.preset(preset, **algo_values)
+    cfg = Config(**sections)
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: Config) -> None:
+    positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+                "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+                "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"config key {key} must be >= 1, got {value}")
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise ValueError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+    if cfg.rollout.temperature <= 0:
+        raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
+    if cfg.learner.lr <= 0:
+        raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+    if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:
+        raise ValueError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
+                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} (a mini-batch needs one group)")
+    if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
+        raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
+                         f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
+
+
+def describe_keys() -> str:
+    """Every key with its default and doc (for ``--help-config``)."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines.append(f"[{section}]")
+        docs = _field_docs(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings (the string literal after each field), read from the source."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs

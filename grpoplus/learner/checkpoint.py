@@ -1,0 +1,119 @@
+"""Checkpoints that resume exactly.
+
+A checkpoint is a Hugging Face model directory (weights + tokenizer) plus
+``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, counters) and,
+when a reference model is used, ``reference.safetensors``. It is written into a
+temporary directory, the ``COMPLETE`` marker is written last, and the directory is then
+renamed into place: a run killed while saving leaves only a temporary directory, which
+resume ignores, and the previous complete checkpoint is used.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+MARKER = "COMPLETE"
+STATE_FILE = "trainer_state.pt"
+REF_FILE = "reference.safetensors"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict,
+                    ref_model: torch.nn.Module | None = None, keep: int = 2) -> Path:
+    """Write ``checkpoints/step-<step>`` atomically; keep the newest ``keep`` complete ones."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(state, tmp / STATE_FILE)
+    if ref_model is not None:
+        save_file({k: v.detach().contiguous() for k, v in ref_model.state_dict().items()}, tmp / REF_FILE)
+    _fsync_dir_files(tmp)
+    (tmp / MARKER).write_text(str(step))
+    if final.exists():  # a re-save of the same step (e.g. after resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(root, keep)
+    return final
+
+
+def _fsync_dir_files(path: Path) -> None:
+    for file in path.iterdir():
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def _prune(root: Path, keep: int) -> None:
+    complete = list_checkpoints(root.parent)
+    for old in complete[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (marker present), oldest first."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / MARKER).is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    complete = list_checkpoints(run_dir)
+    return complete[-1] if complete else None
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load a checkpoint's model weights into ``model`` (same architecture) in place."""
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {path} holds no model*.safetensors file")
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied embeddings are saved once; anything else missing means the wrong model.
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def load_state(path: Path) -> dict:
+    return torch.load(path / STATE_FILE, weights_only=False)
+
+
+def load_reference(ref_model: torch.nn.Module, path: Path) -> None:
+    ref_model.load_state_dict(load_file(path / REF_FILE))

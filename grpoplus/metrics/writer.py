@@ -1,0 +1,171 @@
+"""Per-step metrics on disk: ``RUN/metrics.jsonl`` (one JSON object per step) and TensorBoard.
+
+The JSONL file is the source of truth for ``grpoplus report``, ``compare`` and ``doctor``.
+Non-finite floats are written as Python's ``json`` writes them (``NaN``, ``Infinity``),
+so a step whose loss was NaN stays visible to the doctor; ``read_metrics`` reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+
+def _metrics_path(run_dir: str | os.PathLike) -> Path:
+    """``run_dir`` may be the run directory or the ``metrics.jsonl`` file itself."""
+    path = Path(run_dir)
+    return path if path.suffix == ".jsonl" else path / METRICS_FILE
+
+
+def _parse_lines(path: Path) -> list[dict[str, Any]]:
+    """Parse a metrics file; a broken *last* line (run killed mid-write) is dropped with a warning."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if lineno == len(lines):
+                warnings.warn(
+                    f"{path}: skipping truncated last line {lineno} (run stopped mid-write?)",
+                    stacklevel=3,
+                )
+                break
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({err})") from None
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}: line {lineno} is not a JSON object with a 'step' key")
+        records.append(record)
+    return records
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All per-step records of a run, in file order.
+
+    Args:
+        run_dir: the run directory (holding ``metrics.jsonl``) or the file itself.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        ValueError: a corrupt line other than the last one, or a line without ``step``.
+    """
+    path = _metrics_path(run_dir)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no metrics file at {path}: is {path.parent} a grpoplus run directory?"
+        )
+    return _parse_lines(path)
+
+
+def _to_number(key: str, value: Any) -> int | float:
+    """A JSON-ready scalar from a Python/numpy/torch scalar; anything else is a caller bug."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if hasattr(value, "item"):  # torch / numpy scalars (0-d or one element)
+        value = value.item()
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}")
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only records with ``step <= step``; temp file + ``os.replace`` so a crash leaves
+    either the old or the new file, never half of one."""
+    kept = [r for r in _parse_lines(path) if r["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in kept:
+            f.write(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Append one JSON line per step to ``RUN/metrics.jsonl`` (and TensorBoard under ``RUN/tb``).
+
+    With ``resume_step=k`` the file is first cut back to the records with ``step <= k``, so a
+    resumed run's file equals the file of an uninterrupted run, and TensorBoard purges the
+    events after step k.
+
+    Example::
+
+        w = MetricsWriter("runs/demo", tensorboard=False)
+        w.log(0, {"reward/mean": 0.25, "length/mean": 41.0})
+        w.close()
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        if resume_step is not None and self.path.exists():
+            _truncate_after(self.path, resume_step)
+        self._last_step = self._last_logged_step()
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: slow import
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge)
+
+    def _last_logged_step(self) -> int | None:
+        if not self.path.exists():
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated tail is reported by read_metrics
+            records = _parse_lines(self.path)
+        return records[-1]["step"] if records else None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write one record ``{"step": step, **metrics}`` and flush it.
+
+        Raises:
+            ValueError: a non-numeric metric, or a step lower than one already written
+                (a resumed run must pass ``resume_step``).
+        """
+        step = int(step)
+        if self._last_step is not None and step < self._last_step:
+            raise ValueError(
+                f"{self.path}: step {step} logged after step {self._last_step}; "
+                "a resumed run must open MetricsWriter with resume_step=<checkpoint step>"
+            )
+        record: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            if key != "step":
+                record[key] = _to_number(key, value)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self._last_step = step
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and math.isfinite(value):
+                    self._tb.add_scalar(key, value, global_step=step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

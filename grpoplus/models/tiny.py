@@ -1,0 +1,60 @@
+"""The built-in tiny policy: a small Llama (Hugging Face ``LlamaForCausalLM``), fp32.
+
+It is an ordinary transformers model, so everything downstream (generation, log-probs,
+``save_pretrained``) is the same code path as for a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+SIZES: dict[str, dict] = {
+    # ~0.09M parameters: unit tests.
+    "nano": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
+    # ~1.2M parameters: the default policy of the built-in tasks (learns fast on 2 CPU cores).
+    "small": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4),
+}
+
+
+def tiny_config(vocab_size: int, *, size: str = "small", **overrides) -> LlamaConfig:
+    """A ``LlamaConfig`` of one of the ``SIZES``; ``overrides`` replace any config field.
+
+    Raises ``ValueError`` for an unknown size.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; choose one of: {', '.join(SIZES)}")
+    fields = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=256,
+        num_key_value_heads=SIZES[size]["num_attention_heads"],
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        torch_dtype="float32",
+    )
+    fields.update(SIZES[size])
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed: int = 0) -> LlamaForCausalLM:
+    """A randomly initialised fp32 tiny Llama for ``tokenizer``; same ``seed`` -> same weights.
+
+    The special-token ids of the tokenizer are written into the config and the generation
+    config, so ``model.generate`` stops at ``<eos>`` and pads with ``<pad>``.
+    """
+    config = tiny_config(
+        len(tokenizer),
+        size=size,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model

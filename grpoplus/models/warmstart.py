@@ -1,0 +1,221 @@
+"""Warm start: a short supervised run of the tiny model on a built-in task, cached on disk.
+
+RL needs a policy that already solves some problems (otherwise every reward is 0 and
+every GRPO advantage is 0) but not most (otherwise there is nothing left to learn). A
+deliberately short supervised run on ``prompt -> sft_target(example)`` of the train split
+gives exactly that. The result is an ordinary Hugging Face model dir (model +
+tokenizer, safetensors) under::
+
+    ${GRPOPLUS_CACHE:-~/.cache/grpoplus}/warmstart/<task>-d<difficulty>-<size>-<hash of the recipe>/
+
+written to a temporary dir first and renamed into place, so a killed build never leaves
+a cache that looks complete. Same recipe and seed -> same weights. Rebuild with::
+
+    python -m grpoplus.models.warmstart --task arithmetic
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.tasks import TASKS, get_task
+
+log = logging.getLogger(__name__)
+
+RECIPE_VERSION = 1
+"""Bump when the warm-start code changes what it builds: old caches are then not reused."""
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "recipe.json")
+"""A cache dir is complete only when all of these exist (``recipe.json`` is written last)."""
+
+DEFAULT_STEPS = 600
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_LR = 3e-3
+
+
+def cache_root() -> Path:
+    """``$GRPOPLUS_CACHE`` or ``~/.cache/grpoplus``."""
+    return Path(os.environ.get("GRPOPLUS_CACHE") or Path.home() / ".cache" / "grpoplus")
+
+
+def default_difficulty(task: str) -> int:
+    """The ``difficulty`` default of the registered task factory."""
+    parameter = inspect.signature(TASKS.get(task)).parameters.get("difficulty")
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        raise ValueError(f"task {task!r} has no default difficulty; the warm start needs a built-in task")
+    return parameter.default
+
+
+def warmstart_recipe(
+    task: str,
+    difficulty: int | None = None,
+    *,
+    size: str = "small",
+    seed: int = 0,
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+) -> dict:
+    """Everything that determines the warm-started weights (hashed into the cache dir name)."""
+    difficulty = default_difficulty(task) if difficulty is None else difficulty
+    return dict(
+        version=RECIPE_VERSION, task=task, difficulty=difficulty, size=size,
+        seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+    )
+
+
+def warmstart_dir(recipe: dict) -> Path:
+    """The cache dir of ``recipe``: ``<root>/warmstart/<task>-d<difficulty>-<size>-<hash>``."""
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "warmstart" / f"{recipe['task']}-d{recipe['difficulty']}-{recipe['size']}-{digest}"
+
+
+def is_complete(path: Path) -> bool:
+    """True when ``path`` holds every file of a finished warm start."""
+    return all((path / name).is_file() for name in REQUIRED_FILES)
+
+
+def encode_sft(tokenizer, prompts: list[str], targets: list[str]) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask``/``labels`` [B, T] for ``<bos> prompt target <eos>``.
+
+    Labels are -100 on the prompt and padding: the loss is on the response (and EOS) only.
+    """
+    rows, label_rows = [], []
+    for prompt, target in zip(prompts, targets):
+        prompt_ids = tokenizer(prompt)["input_ids"]  # <bos> + prompt, as at generation time
+        target_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt_ids + target_ids)
+        label_rows.append([-100] * len(prompt_ids) + target_ids)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    return dict(
+        input_ids=torch.tensor([r + [pad] * (width - len(r)) for r in rows]),  # [B, T]
+        attention_mask=torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),  # [B, T]
+        labels=torch.tensor([r + [-100] * (width - len(r)) for r in label_rows]),  # [B, T]
+    )
+
+
+def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps: int, batch_size: int, lr: float,
+              seed: int) -> list[float]:
+    """``steps`` AdamW steps of next-token cross-entropy on the responses; returns the losses.
+
+    Linear warm-up over the first 10% of steps, then cosine decay to 0.1 * lr. Batches are
+    drawn by a ``random.Random(seed)`` shuffle, so the run is deterministic.
+    """
+    rng = random.Random(seed)
+    order: list[int] = []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 10)
+    losses = []
+    model.train()
+    for step in range(steps):
+        scale = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr * scale
+        if len(order) < batch_size:
+            order += rng.sample(range(len(prompts)), len(prompts))
+        batch_ids, order = order[:batch_size], order[batch_size:]
+        batch = encode_sft(tokenizer, [prompts[i] for i in batch_ids], [targets[i] for i in batch_ids])
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if step % 100 == 0 or step == steps - 1:
+            log.info("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
+    model.eval()
+    return losses
+
+
+def build_into(path: Path, recipe: dict) -> None:
+    """Run the warm start of ``recipe`` and save model, tokenizer and ``recipe.json`` into ``path``."""
+    task = get_task(recipe["task"], difficulty=recipe["difficulty"], seed=recipe["seed"])
+    train = task.split("train")
+    tokenizer = char_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe["seed"])
+        model = tiny_model(tokenizer, size=recipe["size"], seed=recipe["seed"])
+        started = time.perf_counter()
+        losses = train_sft(
+            model, tokenizer, [e.prompt for e in train], [task.sft_target(e) for e in train],
+            steps=recipe["steps"], batch_size=recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+        )
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    summary = dict(recipe, final_loss=losses[-1] if losses else None, seconds=round(time.perf_counter() - started, 1))
+    (path / "recipe.json").write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the dir complete
+
+
+def build_warmstart(
+    task: str = "arithmetic",
+    difficulty: int | None = None,
+    *,
+    size: str = "small",
+    seed: int = 0,
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+    rebuild: bool = False,
+) -> Path:
+    """The cached warm-start dir of this recipe, built first if missing, incomplete or ``rebuild``.
+
+    Safe against a killed build (temporary dir + atomic rename) and against two processes
+    building at once (the second one keeps the first one's complete result).
+    """
+    recipe = warmstart_recipe(task, difficulty, size=size, seed=seed, steps=steps, batch_size=batch_size, lr=lr)
+    final = warmstart_dir(recipe)
+    if is_complete(final) and not rebuild:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building warm start %s (%d SFT steps)", final.name, steps)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        build_into(staging, recipe)
+        if final.exists() and (rebuild or not is_complete(final)):
+            shutil.rmtree(final)
+        if final.exists():  # another process finished the same recipe first
+            return final
+        os.replace(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build (or rebuild) the cached warm-started tiny model of a task.")
+    parser.add_argument("--task", default="arithmetic", help="built-in task name")
+    parser.add_argument("--difficulty", type=int, default=None, help="task difficulty (default: the task's)")
+    parser.add_argument("--size", default="small", help="tiny model size: nano or small")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR)
+    parser.add_argument("--rebuild", action="store_true", help="rebuild even when a complete cache exists")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = build_warmstart(
+        args.task, args.difficulty, size=args.size, seed=args.seed, steps=args.steps,
+        batch_size=args.batch_size, lr=args.lr, rebuild=args.rebuild,
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

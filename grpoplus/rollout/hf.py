@@ -1,0 +1,169 @@
+"""In-process rollout engine on a Hugging Face causal LM: a hand-written KV-cached decode loop.
+
+``model.generate`` carries a large fixed cost per call and per step (logits processors,
+stopping criteria, cache bookkeeping) that dominates for tiny models; this loop does only
+what GRPO needs: prefill the left-padded prompts once, then one cached forward per new
+token, recording the log-prob of every sampled token under the distribution it was drawn
+from (``logp_roll``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+from grpoplus.rollout.base import ENGINES, Rollouts, SamplingParams
+from grpoplus.rollout.sampling import sample_next
+
+SAMPLER_PRECISIONS = ("fp32", "bf16_rounded")
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """End-of-sequence ids: the tokenizer's EOS plus any the generation config lists."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    ids.discard(None)
+    if not ids:
+        raise ValueError("the tokenizer defines no eos_token_id: set tokenizer.eos_token (needed to end responses)")
+    return sorted(ids)
+
+
+def round_to_bf16_(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Copy ``src``'s parameters into ``dst``, rounded to bfloat16 and stored back in float32."""
+    with torch.no_grad():
+        for p_dst, p_src in zip(dst.parameters(), src.parameters(), strict=True):
+            p_dst.copy_(p_src.detach().to(torch.bfloat16).to(p_dst.dtype))
+
+
+@torch.inference_mode()
+def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
+           stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one response per row of left-padded prompts.
+
+    Args:
+        input_ids, attention_mask: [n, P] left-padded prompts.
+        stop_ids: [k] long, end-of-sequence ids.
+
+    Returns:
+        ``(tokens [n, T], mask [n, T] float, logp [n, T] float32, finished [n] bool)``,
+        ``T <= params.max_new_tokens`` (the loop stops once every row has ended).
+    """
+    n = input_ids.shape[0]
+    # Position of every real token counted from the row's first real token (left padding).
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [n, P]
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    done = torch.zeros(n, dtype=torch.bool, device=input_ids.device)  # [n]
+    tokens, logps, masks = [], [], []
+    next_pos = position_ids[:, -1:] + 1  # [n, 1]
+    for step in range(params.max_new_tokens):
+        tok, logp = sample_next(out.logits[:, -1], temperature=params.temperature, top_p=params.top_p,
+                                greedy=params.greedy, generator=generator)  # [n], [n]
+        alive = ~done
+        tokens.append(torch.where(alive, tok, pad_id))
+        logps.append(torch.where(alive, logp, 0.0))
+        masks.append(alive)
+        done = done | torch.isin(tok, stop_ids)
+        if step + 1 == params.max_new_tokens or bool(done.all()):
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)  # [n, P + step + 1]
+        out = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        next_pos = next_pos + 1
+    return (torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), done)
+
+
+@ENGINES.register("hf")
+class HFEngine:
+    """Batched, KV-cached sampling of ``params.n`` responses per prompt with a transformers model.
+
+    Args:
+        model: a causal LM (``LlamaForCausalLM`` or any model taking ``position_ids`` and
+            ``past_key_values``); its device is used.
+        tokenizer: its tokenizer; prompts are tokenised with its own special tokens
+            (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
+        sampler_precision: ``"fp32"`` samples with the learner's module itself (no copy,
+            ``sync_weights`` is a no-op); ``"bf16_rounded"`` samples with a private copy
+            whose weights are rounded to bfloat16 (stored in float32), emulating a
+            low-precision inference engine so the sampler/learner mismatch is real.
+        max_batch_size: largest number of rows decoded at once (``None``: all ``B * G``).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
+                 sampler_precision: str = "fp32", max_batch_size: int | None = None):
+        if sampler_precision not in SAMPLER_PRECISIONS:
+            raise ValueError(f"sampler_precision={sampler_precision!r}; choose one of: {', '.join(SAMPLER_PRECISIONS)}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.tokenizer = tokenizer
+        self.sampler_precision = sampler_precision
+        self.max_batch_size = max_batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        if sampler_precision == "fp32":
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model)
+            self.model.requires_grad_(False)
+            round_to_bf16_(self.model, model)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load the learner's weights: shares ``model`` in fp32, copies and rounds in bf16_rounded."""
+        if self.sampler_precision == "fp32":
+            self.model = model
+        else:
+            round_to_bf16_(self.model, model)
+
+    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
+                 generator: torch.Generator | None = None) -> Rollouts:
+        """Sample ``params.n`` responses for each prompt; groups are contiguous rows of the result."""
+        check_request(prompts, params, prompt_index)
+        device = next(self.model.parameters()).device
+        enc = self.tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
+        prompt_ids = enc["input_ids"].to(device).repeat_interleave(params.n, 0)  # [N, P]
+        prompt_mask = enc["attention_mask"].to(device).repeat_interleave(params.n, 0)  # [N, P]
+        stop_ids = torch.tensor(self.stop_ids, device=device)
+        chunk = self.max_batch_size or prompt_ids.shape[0]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [decode(self.model, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk], params, stop_ids,
+                            self.pad_id, generator) for i in range(0, prompt_ids.shape[0], chunk)]
+        finally:
+            self.model.train(was_training)
+        tokens, mask, logp = (pad_right([p[k] for p in parts], fill) for k, fill in ((0, self.pad_id), (1, 0), (2, 0)))
+        lengths = mask.sum(1).long().tolist()
+        texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
+                                            skip_special_tokens=True)
+        return Rollouts(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=tokens, response_mask=mask,
+            logp_roll=logp, finished=torch.cat([p[3] for p in parts]),
+            group_ids=torch.arange(len(prompts), device=device).repeat_interleave(params.n),
+            texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
+        )
+
+
+def pad_right(parts: list[torch.Tensor], fill: float) -> torch.Tensor:
+    """Concatenate [n_i, T_i] tensors along rows, right-padding each to the largest T_i."""
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
+
+
+def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:
+    """Reject a bad request with a message naming the field (instead of a failure deep in the loop)."""
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts must be a non-empty list of strings")
+    if prompt_index is not None and len(prompt_index) != len(prompts):
+        raise ValueError(f"prompt_index has {len(prompt_index)} entries for {len(prompts)} prompts")
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams.n and max_new_tokens must be >= 1, got n={params.n}, "
+                         f"max_new_tokens={params.max_new_tokens}")
+    if not params.greedy and params.temperature <= 0:
+        raise ValueError(f"SamplingParams.temperature must be > 0 (use greedy=True for argmax), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")

@@ -1,0 +1,54 @@
+"""One sampling step: logits in, sampled token and its log-prob under the sampling distribution out.
+
+Pure functions, shared by every in-process engine. The log-prob returned is the one of
+the distribution the token was actually drawn from (temperature-scaled, nucleus-truncated
+and renormalised): that is ``mu`` in the rollout-correction formulas (ALGORITHMS.md §5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus truncation (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", eq. 2-3).
+
+    Keeps the smallest set of tokens whose cumulative probability is >= ``top_p`` (the
+    most likely token is always kept) and renormalises over it.
+
+    Args:
+        logp: [n, V] float32 log-probabilities (already temperature-scaled).
+        top_p: in (0, 1]; 1 returns ``logp`` unchanged.
+
+    Returns:
+        [n, V] renormalised log-probabilities, ``-inf`` outside the nucleus.
+    """
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = logp.sort(-1, descending=True)  # [n, V]
+    cum = sorted_logp.exp().cumsum(-1)  # [n, V]
+    # A token is in the nucleus when the mass strictly before it is still < top_p.
+    drop_sorted = (cum - sorted_logp.exp()) >= top_p  # [n, V]
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return logp.masked_fill(drop, float("-inf")).log_softmax(-1)
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return ``(tokens [n] long, logp [n] float32)``.
+
+    ``greedy``: argmax; its log-prob is taken under the unscaled (temperature 1) softmax.
+    Otherwise the token is drawn from ``top_p_filter(log_softmax(logits / temperature))``
+    and ``logp`` is its log-prob under exactly that distribution.
+
+    Args:
+        logits: [n, V] next-token logits (any float dtype; computed in float32).
+    """
+    logits = logits.float()
+    if greedy:
+        logp_all = logits.log_softmax(-1)  # [n, V]
+        tokens = logits.argmax(-1)  # [n]
+    else:
+        logp_all = top_p_filter((logits / temperature).log_softmax(-1), top_p)  # [n, V]
+        tokens = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)  # [n]
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,90 @@
+"""Shared machinery of the built-in synthetic tasks: deterministic disjoint splits.
+
+A synthetic task draws problems from a seeded generator. The held-out split is drawn
+first, so it depends only on ``(difficulty, seed, n_test)``, never on ``n_train``; the
+train split then skips every prompt already in the held-out split, so the two are disjoint.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from grpoplus.tasks.base import Example
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """A built-in task: two splits, a verifier and the reference response of each example.
+
+    Satisfies the :class:`grpoplus.tasks.base.Task` protocol. ``sft_target`` is only on the
+    built-in tasks: the warm start trains on ``prompt + sft_target(example)``.
+    """
+
+    name: str
+    difficulty: int
+    train: tuple[Example, ...]
+    test: tuple[Example, ...]
+    verifier: Callable[..., list[float]]
+    target_fn: Callable[[Example], str]
+
+    def split(self, name: str) -> Sequence[Example]:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r} of task {self.name!r}; choose one of: {', '.join(SPLITS)}")
+        return self.train if name == "train" else self.test
+
+    def reward(self, prompts: list[str], completions: list[str], answer: list[str], **fields) -> list[float]:
+        return self.verifier(prompts, completions, answer, **fields)
+
+    def sft_target(self, example: Example) -> str:
+        """The reference response text (without EOS) for ``example``."""
+        return self.target_fn(example)
+
+
+def draw_splits(
+    draw: Callable[[random.Random], Example], *, seed: int, n_train: int, n_test: int, what: str
+) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
+    """Draw ``n_test`` then ``n_train`` examples with unique prompts from ``draw(rng)``.
+
+    Raises ``ValueError`` when the problem space is too small for that many unique prompts.
+    """
+    if n_train < 0 or n_test < 0:
+        raise ValueError(f"{what}: n_train and n_test must be >= 0, got {n_train} and {n_test}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    splits = []
+    for size in (n_test, n_train):
+        examples: list[Example] = []
+        misses = 0
+        while len(examples) < size:
+            example = draw(rng)
+            if example.prompt in seen:
+                misses += 1
+                if misses > 20 * size + 1000:
+                    raise ValueError(
+                        f"{what}: could not draw {n_test + n_train} distinct problems; "
+                        f"lower n_train/n_test or raise the difficulty"
+                    )
+                continue
+            seen.add(example.prompt)
+            examples.append(example)
+        splits.append(tuple(examples))
+    test, train = splits
+    return train, test
+
+
+def check_int(name: str, value: object, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``, else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def final_answer(completion: object) -> str | None:
+    """The text after the last ``#`` of a completion, stripped; ``None`` when there is none."""
+    if not isinstance(completion, str) or "#" not in completion:
+        return None
+    return completion.rpartition("#")[2].strip()

@@ -1,0 +1,47 @@
+"""Shared fixtures: the built-in character tokenizer and a randomly initialised nano Llama."""
+
+import pytest
+import torch
+
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tok():
+    return char_tokenizer()
+
+
+@pytest.fixture
+def model(tok):
+    return tiny_model(tok, size="nano", seed=0)
+
+
+@pytest.fixture
+def prompts():
+    # Different lengths, so left padding is exercised in every batch.
+    return ["12+3=", "7*8=", "100-1=", "9="]
+
+
+@pytest.fixture
+def favour_eos(tok):
+    """``favour_eos(model, bonus)``: add ``bonus`` to the EOS logit of every forward of ``model``.
+
+    A forward hook, so the sampler and the learner both see the same distribution.
+    """
+
+    def add_hook(model, bonus: float):
+        bias = torch.zeros(len(tok))
+        bias[tok.eos_token_id] = bonus
+        return model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+
+    return add_hook
