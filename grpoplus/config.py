@@ -25,6 +25,9 @@ from grpoplus.algo import AlgoConfig
 class RunConfig:
     out: str = "runs/demo"
     """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, report/."""
+    overwrite: bool = False
+    """Allow a fresh run into a directory that already holds one (its metrics, samples and checkpoints
+    are deleted); without it such a directory is an error (use --resume to continue it)."""
     seed: int = 0
     """Seeds the model warm start, data order, sampling and evaluation."""
     max_steps: int = 120

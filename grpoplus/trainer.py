@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -19,9 +21,13 @@ from grpoplus.config import Config, build_config
 from grpoplus.evaluation import evaluate, rollout_metrics
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.learner.update import build_optimizer, update_policy
-from grpoplus.metrics import LiveDoctor, MetricsWriter
+from grpoplus.metrics import LiveDoctor, MetricsWriter, read_metrics
+from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.rollout import ENGINES, SamplingParams
-from grpoplus.build import build_rewards, build_task_and_model, truncate_jsonl
+from grpoplus.build import build_rewards, build_task_and_model
+
+
+KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
 
 
 @dataclass
@@ -129,6 +135,8 @@ def write_samples(path: Path, step: int, scored, k: int) -> None:
 def train(cfg: Config, resume: bool = False) -> list[dict]:
     """Run (or resume) training; returns the metric records written by this call."""
     run_dir = Path(cfg.run.out)
+    if not resume:
+        clear_run_dir(run_dir, cfg.run.overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     c = build(cfg)
     start, counters = 0, {"skipped_total": 0.0, "elapsed_s": 0.0}
@@ -162,9 +170,11 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
                 ckpt.save_checkpoint(run_dir, step, c.model, c.tokenizer, trainer_state(c, step, counters),
                                      c.ref_model, keep=cfg.run.keep_checkpoints)
             progress.update(step, metrics)
+            if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):  # fault injection for the resume test
+                os.kill(os.getpid(), signal.SIGKILL)
             if cfg.run.doctor_every and step % cfg.run.doctor_every == 0:
-                for finding in doctor.check(records_so_far(run_dir)):
-                    progress.write(f"doctor: [{finding.severity}] {finding.title}: {finding.evidence} -> {finding.fix}")
+                for finding in doctor.check(read_metrics(run_dir)):
+                    progress.write(f"doctor: {finding.one_line()}")
     finally:
         progress.close()
         writer.close()
@@ -172,10 +182,23 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
     return records
 
 
-def records_so_far(run_dir: Path) -> list[dict]:
-    from grpoplus.metrics import read_metrics
+RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tb", "report")
 
-    return read_metrics(run_dir)
+
+def clear_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to mix two runs in one directory; with ``overwrite`` delete the old run's outputs."""
+    import shutil
+
+    existing = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not existing:
+        return
+    if not overwrite:
+        raise ValueError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(existing)}); "
+                         f"continue it with `grpoplus train --resume {run_dir}`, choose another --out, "
+                         "or pass overwrite=true to start it afresh")
+    for name in existing:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def log(writer, step: int, metrics: dict) -> dict:

@@ -109,7 +109,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     """
     if prompt_ids.shape != prompt_mask.shape or response_ids.shape != response_mask.shape:
         raise ValueError(f"ids and masks must have equal shapes: prompt {tuple(prompt_ids.shape)} vs "
-                         f"{tuple(prompt_mask.shape)}, response {tuple(response_ids.shape)} vs {tuple(response_mask.shape)}")
+                         f"{tuple(prompt_mask.shape)}, response {tuple(response_ids.shape)} vs "
+                         f"{tuple(response_mask.shape)}")
     if prompt_ids.shape[0] != response_ids.shape[0]:
         raise ValueError(f"{prompt_ids.shape[0]} prompt rows but {response_ids.shape[0]} response rows")
     if temperature <= 0:

@@ -35,7 +35,10 @@ class Finding:
 
     def one_line(self) -> str:
         """The line the trainer prints when the live doctor fires."""
-        return f"[doctor] {self.severity}: {self.code}: {self.title} ({self.evidence}) -> {self.fix}"
+        return (
+            f"[doctor] {self.severity}: {self.code}: {self.title} ({self.evidence}) "
+            f"-> fix: {self.fix}"
+        )
 
 
 @dataclass
@@ -150,7 +153,7 @@ class LiveDoctor:
 
         doctor = LiveDoctor()
         if step % 10 == 0:
-            for finding in doctor.update(records_so_far):
+            for finding in doctor.check(records_so_far):
                 print(finding.one_line())
     """
 
@@ -163,7 +166,8 @@ class LiveDoctor:
         self.batch_info = batch_info
         self._reported: set[tuple[str, str]] = set()
 
-    def update(self, records: Sequence[dict[str, Any]]) -> list[Finding]:
+    def check(self, records: Sequence[dict[str, Any]]) -> list[Finding]:
+        """Diagnose ``records`` (all steps so far); return only the findings not reported yet."""
         new = []
         for finding in diagnose(records, self.thresholds, self.batch_info):
             key = (finding.code, finding.severity)

@@ -55,6 +55,8 @@ PANELS: tuple[Panel, ...] = (
            "sampling/kept_frac")),
     Panel("time", "Time per step", "seconds",
           ("time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s", "time/eval_s")),
+    Panel("throughput", "Throughput", "tokens / second",
+          ("throughput/rollout_tok_s", "throughput/learner_tok_s")),
 )
 
 
@@ -68,9 +70,17 @@ def panel_keys(panel: Panel, trace: Trace) -> list[str]:
     return keys
 
 
+def auto_smooth(n: int) -> float:
+    """EMA weight whose effective window is about 1/20 of the run (``2/alpha - 1`` points)."""
+    window = max(1.0, n / 20.0)
+    return 1.0 - 2.0 / (window + 1.0)
+
+
 def _draw_series(ax: Any, series: Series, color: Any, style: str, label: str | None,
-                 smooth: float) -> None:
+                 smooth: float | None) -> None:
     series = series.finite()
+    if smooth is None:
+        smooth = auto_smooth(len(series))
     if series.key.startswith("eval/"):
         ax.plot(series.steps, series.values, style, color=color, marker="o", ms=4, lw=1.6,
                 label=label)
@@ -98,31 +108,45 @@ def _new_axes(panel: Panel, logy: bool) -> tuple[Any, Any]:
 
 def _save(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
+    from matplotlib.legend import Legend
 
-    fig.tight_layout()
-    fig.savefig(path)
+    # "tight" with every legend named keeps the legends drawn outside the axes
+    legends = [a for ax in fig.axes for a in ax.get_children() if isinstance(a, Legend)]
+    fig.savefig(path, bbox_inches="tight", bbox_extra_artists=legends)
     plt.close(fig)
 
 
-def _positive(trace: Trace, keys: Sequence[str]) -> bool:
-    return all(np.all(trace.get(k).finite().values > 0) for k in keys)
+def _wants_log(trace: Trace, keys: Sequence[str]) -> bool:
+    """Log scale only when every value is positive and they span more than a decade."""
+    values = np.concatenate([trace.get(k).finite().values for k in keys])
+    return bool(len(values) and values.min() > 0 and values.max() / values.min() > 10.0)
 
 
-def plot_run(trace: Trace, panel: Panel, path: Path, smooth: float) -> bool:
+def _mark_nonfinite(ax: Any, trace: Trace, keys: Sequence[str]) -> None:
+    """A dotted red line at each step where a panel metric was NaN/inf (a skipped update)."""
+    steps = sorted({s for k in keys for s, v in zip(trace.get(k).steps, trace.get(k).values)
+                    if not np.isfinite(v)})
+    for i, step in enumerate(steps):
+        ax.axvline(step, color="red", ls=":", lw=1.2, alpha=0.7,
+                   label="non-finite value" if i == 0 else None)
+
+
+def plot_run(trace: Trace, panel: Panel, path: Path, smooth: float | None) -> bool:
     """Draw one panel of one run to ``path``; False (nothing written) when no key is logged."""
     keys = panel_keys(panel, trace)
     if not keys:
         return False
-    fig, ax = _new_axes(panel, panel.logy and _positive(trace, keys))
+    fig, ax = _new_axes(panel, panel.logy and _wants_log(trace, keys))
     for i, key in enumerate(keys):
         _draw_series(ax, trace.get(key), f"C{i}", "-", key, smooth)
-    ax.legend(fontsize=8, loc="best")
+    _mark_nonfinite(ax, trace, keys)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
     return True
 
 
 def plot_runs(traces: Sequence[Trace], labels: Sequence[str], panel: Panel, path: Path,
-              smooth: float) -> bool:
+              smooth: float | None) -> bool:
     """Overlay several runs on one panel: colour = run, line style = metric."""
     from matplotlib.lines import Line2D
 
@@ -131,18 +155,20 @@ def plot_runs(traces: Sequence[Trace], labels: Sequence[str], panel: Panel, path
     if not keys:
         return False
     styles = ["-", "--", ":", "-."]
-    logy = panel.logy and all(_positive(t, ks) for t, ks in zip(traces, keys_per_run))
+    logy = panel.logy and all(_wants_log(t, ks) for t, ks in zip(traces, keys_per_run))
     fig, ax = _new_axes(panel, logy)
     for r, (trace, run_keys) in enumerate(zip(traces, keys_per_run)):
         for key in run_keys:
             _draw_series(ax, trace.get(key), f"C{r % 10}", styles[keys.index(key) % 4], None,
                          smooth)
     run_handles = [Line2D([], [], color=f"C{r % 10}", lw=2) for r in range(len(traces))]
-    run_legend = ax.legend(run_handles, labels, fontsize=7, loc="upper left", title="run")
-    if len(keys) > 1:
+    run_legend = ax.legend(run_handles, labels, fontsize=8, title="run", loc="upper left",
+                           bbox_to_anchor=(1.01, 1.0))
+    if len(keys) > 1:  # line style -> metric, below the run legend
         ax.add_artist(run_legend)
         key_handles = [Line2D([], [], color="0.3", ls=styles[i % 4]) for i in range(len(keys))]
-        ax.legend(key_handles, keys, fontsize=7, loc="upper right", title="metric")
+        ax.legend(key_handles, keys, fontsize=8, title="metric", loc="lower left",
+                  bbox_to_anchor=(1.01, 0.0))
     _save(fig, path)
     return True
 
@@ -164,7 +190,8 @@ def _html_page(title: str, intro: str, images: Sequence[tuple[str, str]],
         f"<title>{html.escape(title)}</title><style>"
         "body{font-family:sans-serif;margin:1.5em;color:#222}"
         ".grid{display:flex;flex-wrap:wrap;gap:12px}"
-        "figure{margin:0;border:1px solid #ddd;padding:6px}img{width:560px}"
+        "figure{margin:0;border:1px solid #ddd;padding:6px;flex:1 1 600px;max-width:820px}"
+        "img{width:100%}"
         ".severe{color:#b00020}.warning{color:#a15c00}.healthy{color:#1b7a1b}"
         f"</style></head><body><h1>{html.escape(title)}</h1>{intro}"
         f"<div class='grid'>{cards}</div>{absent_html}</body></html>\n"
@@ -184,7 +211,7 @@ def findings_html(findings: Sequence[Finding]) -> str:
 
 
 def write_report(records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, title: str,
-                 findings: Sequence[Finding] = (), smooth: float = 0.8) -> list[Path]:
+                 findings: Sequence[Finding] = (), smooth: float | None = None) -> list[Path]:
     """All panels of one run as PNGs under ``out_dir`` plus ``index.html``; returns the PNGs."""
     trace, out = Trace(records), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +222,7 @@ def write_report(records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
             written.append(path)
         else:
             missing.append(panel)
+            path.unlink(missing_ok=True)  # a stale panel from an earlier report
     images = [(p.name, _title(p.stem)) for p in written]
     page = _html_page(title, findings_html(findings), images, missing)
     (out / "index.html").write_text(page, encoding="utf-8")
@@ -202,7 +230,7 @@ def write_report(records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, 
 
 
 def write_compare(runs: Sequence[Sequence[dict[str, Any]]], labels: Sequence[str],
-                  out_dir: str | os.PathLike, smooth: float = 0.8) -> list[Path]:
+                  out_dir: str | os.PathLike, smooth: float | None = None) -> list[Path]:
     """The same panels with every run overlaid, plus ``index.html``; returns the PNGs."""
     traces, out = [Trace(r) for r in runs], Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,6 +241,7 @@ def write_compare(runs: Sequence[Sequence[dict[str, Any]]], labels: Sequence[str
             written.append(path)
         else:
             missing.append(panel)
+            path.unlink(missing_ok=True)  # a stale panel from an earlier report
     intro = "<ul>" + "".join(f"<li>{html.escape(label)}</li>" for label in labels) + "</ul>"
     images = [(p.name, _title(p.stem)) for p in written]
     page = _html_page(f"Comparison of {len(runs)} runs", intro, images, missing)

@@ -53,6 +53,9 @@ class Trace:
     """Column access to a list of per-step records (a key may be absent from some records)."""
 
     def __init__(self, records: Sequence[dict[str, Any]]):
+        for i, record in enumerate(records):
+            if "step" not in record:
+                raise ValueError(f"metric record {i} has no 'step' key: {sorted(record)[:5]}")
         self.records = sorted(records, key=lambda r: r["step"])
         self._cache: dict[str, Series] = {}
 

@@ -26,7 +26,8 @@ def _metrics_path(run_dir: str | os.PathLike) -> Path:
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
-    """Parse a metrics file; a broken *last* line (run killed mid-write) is dropped with a warning."""
+    """Parse a metrics file; a broken *last* line (run killed mid-write) is dropped, with a
+    warning."""
     lines = path.read_text(encoding="utf-8").splitlines()
     records: list[dict[str, Any]] = []
     for lineno, line in enumerate(lines, start=1):
@@ -44,6 +45,9 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: line {lineno} is not valid JSON ({err})") from None
         if not isinstance(record, dict) or "step" not in record:
             raise ValueError(f"{path}: line {lineno} is not a JSON object with a 'step' key")
+        for key, value in record.items():
+            if value is not None and not isinstance(value, (int, float)):
+                raise ValueError(f"{path}: line {lineno}: metric {key!r} is not a number: {value!r}")
         records.append(record)
     return records
 
@@ -79,14 +83,24 @@ def _to_number(key: str, value: Any) -> int | float:
     raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}")
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    """Keep only records with ``step <= step``; temp file + ``os.replace`` so a crash leaves
-    either the old or the new file, never half of one."""
-    kept = [r for r in _parse_lines(path) if r["step"] <= step]
+def truncate_jsonl(path: str | os.PathLike, step: int) -> None:
+    """Keep only the lines of a per-step JSONL file (metrics, samples) with ``step <= step``;
+    a broken last line is dropped. Temp file + ``os.replace``, so a crash leaves either the
+    old or the new file, never half of one. A missing file is left missing."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a killed writer's last line
+            warnings.warn(f"{path}: dropping a truncated last line (run stopped mid-write?)", stacklevel=2)
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in kept:
-            f.write(json.dumps(record) + "\n")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -114,7 +128,7 @@ class MetricsWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         if resume_step is not None and self.path.exists():
-            _truncate_after(self.path, resume_step)
+            truncate_jsonl(self.path, resume_step)
         self._last_step = self._last_logged_step()
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None

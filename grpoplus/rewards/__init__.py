@@ -1,0 +1,34 @@
+"""Verifiable rewards: built-in verifiers, a code sandbox, and their composition.
+
+Every reward is registered in :data:`REWARDS` with one signature,
+``fn(prompts, completions, **fields) -> list[float | None]``; a run combines several
+with :func:`parse_reward_specs` and :class:`RewardPipeline`.
+"""
+
+from grpoplus.rewards.registry import REWARDS
+from grpoplus.rewards import code as _code, format as _format, length as _length, math_answer as _math  # registers
+from grpoplus.rewards.code import code_reward, extract_code
+from grpoplus.rewards.extract import extract_answer, last_boxed, reference_answer
+from grpoplus.rewards.format import format_ok
+from grpoplus.rewards.length import soft_overlong_penalty
+from grpoplus.rewards.math_answer import math_reward
+from grpoplus.rewards.pipeline import RewardComponent, RewardPipeline, RewardResult, parse_reward_specs
+from grpoplus.rewards.sandbox import SandboxResult, run_python
+
+__all__ = [
+    "REWARDS",
+    "RewardComponent",
+    "RewardPipeline",
+    "RewardResult",
+    "SandboxResult",
+    "code_reward",
+    "extract_answer",
+    "extract_code",
+    "format_ok",
+    "last_boxed",
+    "math_reward",
+    "parse_reward_specs",
+    "reference_answer",
+    "run_python",
+    "soft_overlong_penalty",
+]

@@ -119,6 +119,9 @@ def _as_latex(answer: str) -> str:
 
 
 def _serve() -> None:  # pragma: no cover - runs in the worker process
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG=SIGKILL: never outlive the process it serves
     from math_verify import parse, verify
 
     out = sys.stdout

@@ -38,44 +38,66 @@ def round_to_bf16_(dst: torch.nn.Module, src: torch.nn.Module) -> None:
             p_dst.copy_(p_src.detach().to(torch.bfloat16).to(p_dst.dtype))
 
 
+def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """[m] values of the batch slots -> [n] output rows (``fill`` on rows no slot holds)."""
+    return values.new_full((n,), fill).index_copy_(0, rows, values)
+
+
 @torch.inference_mode()
-def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-           stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None
+def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor,
+           params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one response per row of left-padded prompts.
+    """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
+
+    Each distinct prompt is prefilled once and its KV cache copied to its rows (a group of
+    G samples shares one prompt, so this divides the prefill work by G). Rows that have
+    ended are dropped from the batch once they make up a quarter of it, so later steps
+    mostly compute live rows without copying the cache at every step.
 
     Args:
-        input_ids, attention_mask: [n, P] left-padded prompts.
+        input_ids, attention_mask: [b, P] left-padded distinct prompts.
+        repeats: [b] long, rows per prompt (n = repeats.sum()).
         stop_ids: [k] long, end-of-sequence ids.
 
     Returns:
         ``(tokens [n, T], mask [n, T] float, logp [n, T] float32, finished [n] bool)``,
         ``T <= params.max_new_tokens`` (the loop stops once every row has ended).
     """
-    n = input_ids.shape[0]
     # Position of every real token counted from the row's first real token (left padding).
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [n, P]
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
-    done = torch.zeros(n, dtype=torch.bool, device=input_ids.device)  # [n]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+    expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
+    cache.batch_select_indices(expand)
+    logits, attention_mask, next_pos = logits[expand], attention_mask[expand], position_ids[expand, -1:] + 1
+    n = len(expand)
+    rows = torch.arange(n, device=input_ids.device)  # [m] output row of each batch slot, m <= n
+    running = torch.ones(n, dtype=torch.bool, device=input_ids.device)  # [m] slot still generating
+    finished = torch.zeros(n, dtype=torch.bool, device=input_ids.device)  # [n]
     tokens, logps, masks = [], [], []
-    next_pos = position_ids[:, -1:] + 1  # [n, 1]
     for step in range(params.max_new_tokens):
-        tok, logp = sample_next(out.logits[:, -1], temperature=params.temperature, top_p=params.top_p,
-                                greedy=params.greedy, generator=generator)  # [n], [n]
-        alive = ~done
-        tokens.append(torch.where(alive, tok, pad_id))
-        logps.append(torch.where(alive, logp, 0.0))
-        masks.append(alive)
-        done = done | torch.isin(tok, stop_ids)
-        if step + 1 == params.max_new_tokens or bool(done.all()):
+        tok, logp = sample_next(logits, temperature=params.temperature, top_p=params.top_p, greedy=params.greedy,
+                                generator=generator)  # [m], [m]
+        tokens.append(scatter_rows(tok.masked_fill(~running, pad_id), rows, n, pad_id))
+        logps.append(scatter_rows(logp.masked_fill(~running, 0.0), rows, n, 0.0))
+        masks.append(scatter_rows(running, rows, n, False))
+        ended = running & torch.isin(tok, stop_ids)  # [m]
+        finished[rows[ended]] = True
+        running = running & ~ended
+        stopped = int((~running).sum())
+        if step + 1 == params.max_new_tokens or stopped == len(rows):
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)  # [n, P + step + 1]
-        out = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
+        if 4 * stopped >= len(rows):  # drop ended slots once they are a quarter of the batch (amortised copy)
+            keep = running.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, running, tok, attention_mask, next_pos = (x[keep] for x in (rows, running, tok, attention_mask,
+                                                                                next_pos))
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], 1)  # [m, P + step + 1]
+        logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos,
+                       past_key_values=cache, use_cache=True).logits[:, -1]  # [m, V]
         next_pos = next_pos + 1
-    return (torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), done)
+    return torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), finished
 
 
 @ENGINES.register("hf")
@@ -125,17 +147,16 @@ class HFEngine:
         check_request(prompts, params, prompt_index)
         device = next(self.model.parameters()).device
         enc = self.tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
-        prompt_ids = enc["input_ids"].to(device).repeat_interleave(params.n, 0)  # [N, P]
-        prompt_mask = enc["attention_mask"].to(device).repeat_interleave(params.n, 0)  # [N, P]
+        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
         stop_ids = torch.tensor(self.stop_ids, device=device)
-        chunk = self.max_batch_size or prompt_ids.shape[0]
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [decode(self.model, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk], params, stop_ids,
-                            self.pad_id, generator) for i in range(0, prompt_ids.shape[0], chunk)]
+            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator)
+                     for chunk in row_chunks(ids, mask, params.n, self.max_batch_size)]
         finally:
             self.model.train(was_training)
+        prompt_ids, prompt_mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)  # [N, P]
         tokens, mask, logp = (pad_right([p[k] for p in parts], fill) for k, fill in ((0, self.pad_id), (1, 0), (2, 0)))
         lengths = mask.sum(1).long().tolist()
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
@@ -146,6 +167,24 @@ class HFEngine:
             group_ids=torch.arange(len(prompts), device=device).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
         )
+
+
+def row_chunks(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, max_rows: int | None
+               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Split the ``B * n`` rows (``n`` per prompt, contiguous) into runs of at most ``max_rows``.
+
+    Returns, per run, the distinct prompts it touches ([b, P] ids and mask) and how many of
+    its rows each one has ([b] long); a group may straddle two runs.
+    """
+    total = input_ids.shape[0] * n
+    step = max_rows or total
+    chunks = []
+    for start in range(0, total, step):
+        prompt_of_row = torch.arange(start, min(start + step, total)) // n  # [rows]
+        first = int(prompt_of_row[0])
+        repeats = torch.bincount(prompt_of_row - first).to(input_ids.device)  # [b]
+        chunks.append((input_ids[first:first + len(repeats)], attention_mask[first:first + len(repeats)], repeats))
+    return chunks
 
 
 def pad_right(parts: list[torch.Tensor], fill: float) -> torch.Tensor:
@@ -164,6 +203,6 @@ def check_request(prompts: list[str], params: SamplingParams, prompt_index: list
         raise ValueError(f"SamplingParams.n and max_new_tokens must be >= 1, got n={params.n}, "
                          f"max_new_tokens={params.max_new_tokens}")
     if not params.greedy and params.temperature <= 0:
-        raise ValueError(f"SamplingParams.temperature must be > 0 (use greedy=True for argmax), got {params.temperature}")
+        raise ValueError(f"SamplingParams.temperature must be > 0 (greedy=True for argmax), got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")

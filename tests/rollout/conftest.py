@@ -23,7 +23,18 @@ def tok():
 
 @pytest.fixture
 def model(tok):
-    return tiny_model(tok, size="nano", seed=0)
+    """The nano tiny model with sharpened attention.
+
+    At the default init scale attention is almost uniform, so wrong positions or an
+    unmasked pad token would change log-probs by less than the tests' 1e-5 tolerance;
+    larger query/key weights make both visible.
+    """
+    model = tiny_model(tok, size="nano", seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    return model
 
 
 @pytest.fixture

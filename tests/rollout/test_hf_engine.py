@@ -31,6 +31,8 @@ def test_rollout_layout(model, tok, prompts):
     # Groups are contiguous copies of their prompt.
     assert torch.equal(r.prompt_ids[0], r.prompt_ids[2])
     assert r.logp_roll.dtype == torch.float32 and r.response_mask.dtype == torch.float32
+    # Sampled under inference_mode, but returned as ordinary tensors: the learner uses them with grad.
+    assert not any(t.is_inference() for t in (r.prompt_ids, r.response_ids, r.response_mask, r.logp_roll))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

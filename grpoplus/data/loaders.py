@@ -1,0 +1,156 @@
+"""Load prompt/answer records from JSONL, JSON, Parquet or a ``datasets`` save directory.
+
+Every loader yields ``(line_no, row)``; :func:`load_records` maps fields, extracts the
+reference answer and decides, per ``on_bad_row``, whether a malformed row is skipped
+(and reported with its line number) or stops the load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from grpoplus.rewards.extract import reference_answer
+
+ANSWER_FORMATS = ("raw", "gsm8k", "math", "auto")
+
+
+@dataclass
+class LoadedData:
+    records: list[dict]  # each {"prompt": str, "answer": str, "fields": {other columns}}
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line/row number, reason)
+
+
+class _BadRow(Exception):
+    """A row that cannot be used; carries the reason shown to the user."""
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, object]]:
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError as err:
+                yield line_no, _BadRow(f"invalid JSON ({err.msg} at column {err.colno})")
+
+
+def _json_rows(path: Path) -> Iterator[tuple[int, object]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a .json data file must hold a list of objects, got {type(data).__name__}")
+    yield from enumerate(data, start=1)
+
+
+def _table_rows(tables) -> Iterator[tuple[int, object]]:
+    row_no = 0
+    for table in tables:
+        for row in table.to_pylist():
+            row_no += 1
+            yield row_no, row
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, object]]:
+    import pyarrow.parquet as pq
+
+    yield from _table_rows([pq.read_table(path)])
+
+
+def _arrow_dir_rows(path: Path) -> Iterator[tuple[int, object]]:
+    """A directory written by ``datasets.Dataset.save_to_disk``: ``data-*.arrow`` IPC streams."""
+    import pyarrow as pa
+
+    files = sorted(path.glob("*.arrow"))
+    if not files:
+        raise ValueError(
+            f"{path}: no .arrow files; expected a directory saved by datasets.Dataset.save_to_disk "
+            "(a DatasetDict: point at one split's sub-directory)"
+        )
+    tables = []
+    for file in files:
+        with pa.memory_map(str(file)) as source:
+            try:
+                tables.append(pa.ipc.open_stream(source).read_all())
+            except pa.ArrowInvalid:  # the file (random access) format instead of the stream format
+                tables.append(pa.ipc.open_file(source).read_all())
+    yield from _table_rows(tables)
+
+
+def _rows(path: Path) -> Iterator[tuple[int, object]]:
+    if path.is_dir():
+        return _arrow_dir_rows(path)
+    readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
+    reader = readers.get(path.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{path}: unsupported data file type {path.suffix!r}; use .jsonl, .json, .parquet or a datasets directory")
+    return reader(path)
+
+
+def _record(row, prompt_field: str, answer_field: str, answer_format: str) -> dict:
+    if isinstance(row, _BadRow):
+        raise row
+    if not isinstance(row, dict):
+        raise _BadRow(f"expected an object, got {type(row).__name__}")
+    for name in (prompt_field, answer_field):
+        if name not in row:
+            raise _BadRow(f"missing field {name!r}")
+    prompt, solution = row[prompt_field], row[answer_field]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise _BadRow(f"field {prompt_field!r} must be a non-empty string")
+    answer = reference_answer(str(solution), answer_format)
+    if answer is None:
+        raise _BadRow(f"no {answer_format} answer found in field {answer_field!r}")
+    fields = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
+    return {"prompt": prompt, "answer": answer, "fields": fields}
+
+
+def load_records(
+    path: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    answer_format: str = "raw",
+    on_bad_row: str = "skip",
+) -> LoadedData:
+    """Read a data set into ``{"prompt", "answer", "fields"}`` records.
+
+    ``answer_format``: ``raw`` (the field as is), ``gsm8k`` (text after ``####``,
+    commas removed), ``math`` (last ``\\boxed{}``), ``auto`` (the first that applies).
+    ``on_bad_row``: ``skip`` (default; reported in ``LoadedData.skipped`` with the line
+    number) or ``error`` (``ValueError`` naming the line). A field missing from every row
+    is a configuration mistake and raises ``ValueError`` listing the fields that exist.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"unknown answer_format {answer_format!r}; choose one of: {', '.join(ANSWER_FORMATS)}")
+    if on_bad_row not in ("skip", "error"):
+        raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
+    data = LoadedData(records=[])
+    seen_fields: set[str] = set()
+    used = {prompt_field: False, answer_field: False}
+    for line_no, row in _rows(path):
+        if isinstance(row, dict):
+            seen_fields.update(row)
+            for name in used:
+                used[name] = used[name] or name in row
+        try:
+            data.records.append(_record(row, prompt_field, answer_field, answer_format))
+        except _BadRow as bad:
+            if on_bad_row == "error":
+                raise ValueError(f"{path}: line {line_no}: {bad}") from None
+            data.skipped.append((line_no, str(bad)))
+    missing = [name for name, found in used.items() if not found]
+    if missing and seen_fields:
+        raise ValueError(
+            f"{path}: field(s) {missing} appear in no row; the rows have: {', '.join(sorted(seen_fields))}. "
+            "Set prompt_field / answer_field to map them."
+        )
+    return data

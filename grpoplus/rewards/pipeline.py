@@ -1,0 +1,356 @@
+"""Reward composition: specs -> components -> one weighted reward per completion.
+
+Failure policy (what a user running a long job wants):
+
+- a reward returns the wrong number of values, or a value that is not a number/None:
+  a bug in the reward, the same on every batch -> ``ValueError``/``TypeError`` at once,
+  naming the reward and the problem;
+- a reward raises on some samples, times out, or returns NaN/inf for a sample: that
+  sample scores 0, is counted (``reward/errors``, ``reward/timeouts``) and the run goes on;
+- a reward raises on *every* sample of a batch: almost always a bug (a missing field, a
+  bad signature) -> ``RuntimeError`` at once with the first exception;
+- None means "does not apply" and is allowed, even for a whole batch: it counts 0 in
+  the total and is left out of that component's mean.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import numbers
+import os
+import pickle
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import yaml
+
+from grpoplus.registry import import_object
+from grpoplus.rewards import events
+from grpoplus.rewards.pool import Call, KillablePool
+from grpoplus.rewards.registry import REWARDS
+
+RewardFn = Callable[..., list]
+logger = logging.getLogger("grpoplus.rewards")
+
+
+@dataclass
+class RewardComponent:
+    """One weighted reward. ``kwargs`` are fixed parameters (``max_len=...``); ``source``
+    is the import spec it came from, so a pool worker can re-import it."""
+
+    name: str
+    fn: RewardFn
+    weight: float = 1.0
+    kwargs: dict = field(default_factory=dict)
+    source: str | None = None
+
+
+@dataclass
+class RewardResult:
+    total: list[float]  # [N] weighted sum over components
+    components: dict[str, list[float | None]]  # name -> [N]
+    errors: int  # samples scored 0 because a reward raised, timed out or returned NaN
+    metrics: dict[str, float]
+
+
+def _scalar(text: str):
+    return yaml.safe_load(text)  # "512" -> 512, "0.5" -> 0.5, "true" -> True, "abc" -> "abc"
+
+
+def _split_spec(spec: str) -> tuple[str, float, dict]:
+    """``target[:weight][:k=v,k=v]`` -> (target, weight, kwargs)."""
+    parts = spec.split(":")
+    kwargs: dict = {}
+    if len(parts) > 1 and "=" in parts[-1]:
+        for item in parts.pop().split(","):
+            key, _, value = item.partition("=")
+            kwargs[key.strip()] = _scalar(value.strip())
+    weight = 1.0
+    if len(parts) > 1:
+        try:
+            weight = float(parts[-1])
+            parts.pop()
+        except ValueError:
+            pass  # "module:function" without a weight
+    return ":".join(parts), weight, kwargs
+
+
+def _resolve(target: str, extra: dict[str, RewardFn]) -> tuple[str, RewardFn, str | None]:
+    if target in extra:
+        return target, extra[target], None
+    if target in REWARDS:
+        return target, REWARDS.get(target), None
+    if ":" in target:
+        fn = import_object(target)
+        if not callable(fn):
+            raise ValueError(f"reward spec {target!r} names a {type(fn).__name__}, not a function")
+        return target.rpartition(":")[2], fn, target
+    known = sorted(set(REWARDS.names()) | set(extra))
+    raise ValueError(
+        f"unknown reward {target!r}; choose one of: {', '.join(known)}, "
+        "or give 'module:function' / 'path/to/file.py:function'"
+    )
+
+
+def parse_reward_specs(specs: list, extra: dict[str, RewardFn] | None = None) -> list[RewardComponent]:
+    """Build components from specs.
+
+    A spec is a string ``name[:weight][:k=v,...]`` where ``name`` is a registered reward,
+    a key of ``extra`` (e.g. ``{"task": task.reward}``), ``module:function`` or
+    ``path/to/file.py:function``; or a dict ``{"name": ..., "weight": ..., "kwargs": {...}}``.
+
+    >>> [(c.name, c.weight, c.kwargs) for c in parse_reward_specs(["math", "soft_overlong:0.5:max_len=512,cache=128"])]
+    [('math', 1.0, {}), ('soft_overlong', 0.5, {'max_len': 512, 'cache': 128})]
+    """
+    extra = extra or {}
+    components: list[RewardComponent] = []
+    for spec in specs:
+        if isinstance(spec, RewardComponent):
+            components.append(spec)
+            continue
+        if isinstance(spec, dict):
+            unknown = set(spec) - {"name", "weight", "kwargs"}
+            if "name" not in spec or unknown:
+                raise ValueError(f"reward spec {spec!r} must have 'name' and only 'weight', 'kwargs' besides")
+            target, weight, kwargs = spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("kwargs") or {})
+        elif isinstance(spec, str) and spec.strip():
+            target, weight, kwargs = _split_spec(spec.strip())
+        else:
+            raise ValueError(f"reward spec must be a non-empty string or a dict, got {spec!r}")
+        name, fn, source = _resolve(target, extra)
+        _check_kwargs(name, fn, kwargs)
+        components.append(RewardComponent(name, fn, weight, kwargs, source))
+    names = [c.name for c in components]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"reward names must be unique, {duplicates} appear more than once")
+    return components
+
+
+def _check_kwargs(name: str, fn: RewardFn, kwargs: dict) -> None:
+    accepted = _accepted_names(fn)
+    if accepted is not None and set(kwargs) - accepted:
+        raise ValueError(
+            f"reward {name!r} takes no parameter(s) {sorted(set(kwargs) - accepted)}; it accepts {sorted(accepted)}"
+        )
+
+
+def _accepted_names(fn: RewardFn) -> set[str] | None:
+    """Keyword names ``fn`` accepts, or None when it takes ``**kwargs``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None  # a builtin or C callable: pass everything
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _pool_size(workers: int | str) -> int:
+    if workers == "auto":
+        return max(1, len(os.sched_getaffinity(0)) - 1)  # leave a core to the trainer
+    if not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be 0 (in-process), a positive int or 'auto', got {workers!r}")
+    return workers
+
+
+def _payload(comp: RewardComponent) -> tuple | None:
+    """How a pool worker gets the function: a pickle, else its import spec, else None."""
+    try:
+        blob = pickle.dumps(comp.fn)
+        pickle.loads(blob)
+        return ("pickle", blob)
+    except Exception:  # noqa: BLE001 - any pickling failure means "not shippable"
+        return ("spec", comp.source) if comp.source else None
+
+
+def _to_value(name: str, value, index: int) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) or hasattr(value, "item"):
+        return float(value)
+    raise TypeError(
+        f"reward {name!r} returned a {type(value).__name__} at index {index}; rewards must be float or None"
+    )
+
+
+def _check_count(name: str, values, n: int) -> list:
+    if not hasattr(values, "__len__") or isinstance(values, (str, bytes, dict)):
+        raise TypeError(f"reward {name!r} returned a {type(values).__name__}; it must return a list of {n} values")
+    if len(values) != n:
+        raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions; it must return one each")
+    return list(values)
+
+
+# Verifier failures inside a reward: the sample scored 0 for a reason that is not the model's
+_FAILURE_EVENTS = {"verifier/timeouts": "timeout", "verifier/crashes": "error", "verifier/errors": "error"}
+
+
+class RewardPipeline:
+    """Score a batch with every component; see the module docstring for the failure policy.
+
+    ``workers=0`` calls each reward once per batch in this process (no per-call timeout:
+    use it for cheap, trusted verifiers; the math and code rewards carry their own hard
+    limits). ``workers>0`` or ``"auto"`` calls each reward once per sample in a pool of
+    spawn processes, with a ``timeout_s`` limit per call; a hung worker is killed and
+    replaced. A function that cannot be sent to a worker (a lambda, a closure) runs
+    in-process, with a warning.
+    """
+
+    def __init__(self, components: list[RewardComponent], *, workers: int | str = 0, timeout_s: float = 10.0):
+        if not components:
+            raise ValueError("RewardPipeline needs at least one reward component")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.components = components
+        self.timeout_s = timeout_s
+        self._pool: KillablePool | None = None
+        self._pooled: set[str] = set()
+        size = _pool_size(workers)
+        if size > 0:
+            payloads = {}
+            for comp in components:
+                payload = _payload(comp)
+                if payload is None:
+                    warnings.warn(
+                        f"reward {comp.name!r} cannot be sent to a worker process (not picklable, no import "
+                        "spec): it runs in-process without a timeout. Define it at module level to pool it.",
+                        stacklevel=2,
+                    )
+                else:
+                    payloads[comp.name] = payload
+            self._pooled = set(payloads)
+            self._pool = KillablePool(size, payloads) if payloads else None
+
+    def __call__(self, prompts: list[str], completions: list[str], fields: dict[str, list] | None = None) -> RewardResult:
+        n = len(completions)
+        fields = dict(fields or {})
+        if len(prompts) != n:
+            raise ValueError(f"got {len(prompts)} prompts for {n} completions")
+        for key, values in fields.items():
+            if len(values) != n:
+                raise ValueError(f"field {key!r} has {len(values)} values for {n} completions")
+        components, metrics = {}, {}
+        errors = timeouts = 0
+        for comp in self.components:
+            kwargs = self._kwargs(comp, fields)
+            if comp.name in self._pooled:
+                outcomes, counted = self._score_pooled(comp, prompts, completions, kwargs)
+            else:
+                outcomes, counted = self._score_local(comp, prompts, completions, kwargs)
+            values, comp_metrics, comp_errors, comp_timeouts = _reduce(comp.name, outcomes, counted)
+            components[comp.name] = values
+            metrics.update(comp_metrics)
+            errors, timeouts = errors + comp_errors, timeouts + comp_timeouts
+        total = [
+            sum(c.weight * (components[c.name][i] or 0.0) for c in self.components) for i in range(n)
+        ]
+        metrics["reward/errors"] = float(errors)
+        metrics["reward/timeouts"] = float(timeouts)
+        if n:
+            metrics["reward/mean"] = sum(total) / n
+        return RewardResult(total, components, errors, metrics)
+
+    @staticmethod
+    def _kwargs(comp: RewardComponent, fields: dict[str, list]) -> dict:
+        clash = set(fields) & set(comp.kwargs)
+        if clash:
+            raise ValueError(f"reward {comp.name!r}: parameter(s) {sorted(clash)} are also batch fields; rename one")
+        accepted = _accepted_names(comp.fn)
+        passed = fields if accepted is None else {k: v for k, v in fields.items() if k in accepted}
+        return {**passed, **comp.kwargs}
+
+    def _score_local(self, comp: RewardComponent, prompts, completions, kwargs) -> tuple[list, dict]:
+        before = events.snapshot()
+        try:  # boundary: a raising reward is retried per sample to find the samples at fault
+            raw = comp.fn(prompts, completions, **kwargs)
+        except Exception:  # noqa: BLE001
+            outcomes = [self._one_local(comp, prompts, completions, kwargs, i) for i in range(len(completions))]
+        else:
+            outcomes = [("ok", v) for v in _check_count(comp.name, raw, len(completions))]
+        return outcomes, events.delta(before, events.snapshot())
+
+    @staticmethod
+    def _one_local(comp: RewardComponent, prompts, completions, kwargs, i: int) -> tuple[str, object]:
+        try:
+            raw = comp.fn([prompts[i]], [completions[i]], **_slice(kwargs, comp.kwargs, i))
+        except Exception as err:  # noqa: BLE001
+            return ("error", f"{type(err).__name__}: {err}")
+        return ("ok", _check_count(comp.name, raw, 1)[0])
+
+    def _score_pooled(self, comp: RewardComponent, prompts, completions, kwargs) -> tuple[list, dict]:
+        calls = [
+            Call(comp.name, ([prompts[i]], [completions[i]]), _slice(kwargs, comp.kwargs, i))
+            for i in range(len(completions))
+        ]
+        outcomes, counted = [], {}
+        for status, value, delta in self._pool.run(calls, self.timeout_s):
+            for key, count in delta.items():
+                counted[key] = counted.get(key, 0) + count
+            outcomes.append(("ok", _check_count(comp.name, value, 1)[0]) if status == "ok" else (status, value))
+        return outcomes, counted
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "RewardPipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _slice(kwargs: dict, fixed: dict, i: int) -> dict:
+    """Sample ``i`` of every per-sample field; fixed parameters pass unchanged."""
+    return {k: (v if k in fixed else [v[i]]) for k, v in kwargs.items()}
+
+
+def _reduce(name: str, outcomes: list, counted: dict) -> tuple[list, dict, int, int]:
+    """Values (failures scored 0), metrics, error count (timeouts included), timeout count."""
+    values: list[float | None] = []
+    raised = timed_out = nonfinite = 0
+    first_error = None
+    for i, (status, value) in enumerate(outcomes):
+        if status == "ok":
+            x = _to_value(name, value, i)
+            if x is not None and not math.isfinite(x):
+                nonfinite, x = nonfinite + 1, 0.0
+            values.append(x)
+            continue
+        values.append(0.0)
+        if status == "timeout":
+            timed_out += 1
+        else:
+            raised += 1
+            first_error = first_error or value
+    if outcomes and raised == len(outcomes):
+        raise RuntimeError(
+            f"reward {name!r} raised on every sample of the batch, which points at a bug in the reward "
+            f"(a missing field? a wrong signature?): {first_error}"
+        )
+    if raised:
+        logger.warning("reward %r raised on %d of %d samples (scored 0): %s", name, raised, len(outcomes), first_error)
+    failed = {kind: 0 for kind in ("error", "timeout")}
+    for event, count in counted.items():
+        if event in _FAILURE_EVENTS:
+            failed[_FAILURE_EVENTS[event]] += count
+    timeouts = timed_out + failed["timeout"]
+    errors = raised + nonfinite + failed["error"] + timeouts
+    present = [x for x in values if x is not None]
+    metrics: dict[str, float] = {}
+    if present:
+        metrics[f"reward/{name}/mean"] = sum(present) / len(present)
+    if len(present) < len(values):
+        metrics[f"reward/{name}/none_frac"] = 1.0 - len(present) / len(values)
+    for key, count in {"errors": errors, "timeouts": timeouts, "nonfinite": nonfinite}.items():
+        if count:
+            metrics[f"reward/{name}/{key}"] = float(count)
+    for event, count in counted.items():
+        metrics[f"reward/{name}/{event.replace('/', '_')}"] = float(count)
+    return values, metrics, errors, timeouts
