@@ -30,11 +30,11 @@ class RunConfig:
     are deleted); without it such a directory is an error (use --resume to continue it)."""
     seed: int = 0
     """Seeds the model warm start, data order, sampling and evaluation."""
-    max_steps: int = 120
+    max_steps: int = 300
     """Rollout batches to train on (each is num_iterations x num_minibatches optimizer steps)."""
-    eval_every: int = 20
+    eval_every: int = 25
     """Held-out evaluation every K steps (and at step 0 and the last step); 0 = only at the ends."""
-    save_every: int = 20
+    save_every: int = 50
     """Checkpoint every K steps (and at the last step); 0 = only at the end."""
     keep_checkpoints: int = 2
     """How many complete checkpoints to keep (the newest)."""
@@ -87,7 +87,7 @@ class DataConfig:
 class RolloutConfig:
     engine: str = "hf"
     """Rollout engine (registered in grpoplus.rollout.ENGINES)."""
-    prompts_per_step: int = 16
+    prompts_per_step: int = 32
     """Groups per rollout batch (B)."""
     group_size: int = 8
     """Responses per prompt (G)."""
@@ -104,13 +104,13 @@ class RolloutConfig:
 class LearnerConfig:
     model: str | None = None
     """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
-    lr: float = 2e-3
+    lr: float = 2e-4
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     warmup_steps: int = 5
     """Linear learning-rate warm-up, in optimizer steps."""
-    lr_schedule: str = "constant"
+    lr_schedule: str = "cosine"
     """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
     max_grad_norm: float = 1.0
     micro_batch_size: int = 64
@@ -192,6 +192,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
     if value is None and type(None) in options:
         return None
+    if isinstance(value, str) and float in options:  # YAML reads 5e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     for option in options:
         origin = typing.get_origin(option) or option
         if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -48,6 +48,9 @@ class Components:
 
 
 def build(cfg: Config) -> Components:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar: ours
     torch.manual_seed(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)

@@ -104,11 +104,15 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     state = {}
     for file in files:
         state.update(load_file(file))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
     # Tied embeddings are saved once; anything else missing means the wrong model.
-    missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    missing = [k for k in own if k not in state and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in state if k not in own]
+    reshaped = [k for k in state if k in own and state[k].shape != own[k].shape]
+    if missing or unexpected or reshaped:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}, different shapes {reshaped[:5]}")
+    model.load_state_dict(state, strict=False)
 
 
 def load_state(path: Path) -> dict:

@@ -77,7 +77,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, *, tem
     """Accumulate the mini-batch's gradient over micro-batches and step. Returns (metrics, stepped)."""
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
     acc = MetricAccumulator()
-    total_loss = 0.0
+    total_loss = policy_part = 0.0
     optimizer.zero_grad(set_to_none=True)
     for idx in torch.arange(len(batch.group_ids)).split(micro_batch_size):
         mb = batch.rows(idx)
@@ -86,7 +86,8 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, *, tem
         loss, metrics = policy_loss(logp, mb.logp_old, mb.advantages, loss_mask[idx], algo,
                                     logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm)
         loss.backward()
-        total_loss += loss.item()
+        total_loss += loss.item()  # micro-batch losses are globally normalised: they add up
+        policy_part += metrics.get("loss/policy", 0.0)
         acc.add({k: v for k, v in metrics.items() if k not in ("loss/policy", "loss/total")},
                 weight=max(metrics.get("loss/active_tokens", 0.0), 1e-9))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -96,7 +97,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, *, tem
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     out = acc.result()
-    out.update({"loss/total": total_loss, "optim/grad_norm": grad_norm})
+    out.update({"loss/total": total_loss, "loss/policy": policy_part, "optim/grad_norm": grad_norm})
     return out, stepped
 
 

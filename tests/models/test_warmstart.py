@@ -1,0 +1,75 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpoplus.models.warmstart as warmstart
+from grpoplus.models.warmstart import REQUIRED_FILES, build_warmstart, encode_sft, warmstart_dir, warmstart_recipe
+from grpoplus.models.tokenizer import char_tokenizer
+
+QUICK = dict(size="nano", steps=3, batch_size=4)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_build_writes_a_complete_hf_dir_under_the_cache(cache):
+    path = build_warmstart("arithmetic", **QUICK)
+    assert path.parent == cache / "warmstart"
+    assert path.name.startswith("arithmetic-d4-nano-")
+    assert all((path / name).is_file() for name in REQUIRED_FILES)
+    recipe = json.loads((path / "recipe.json").read_text())
+    assert (recipe["task"], recipe["difficulty"], recipe["steps"]) == ("arithmetic", 4, 3)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no staging dir left behind
+
+
+def test_second_call_reuses_the_cache(monkeypatch):
+    first = build_warmstart("arithmetic", **QUICK)
+
+    def must_not_build(*args, **kwargs):
+        raise AssertionError("rebuilt a complete cache")
+
+    monkeypatch.setattr(warmstart, "build_into", must_not_build)
+    assert build_warmstart("arithmetic", **QUICK) == first
+
+
+def test_half_written_cache_is_rebuilt(cache):
+    recipe = warmstart_recipe("arithmetic", **QUICK)
+    broken = warmstart_dir(recipe)
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{}")  # as if killed before the weights were written
+    path = build_warmstart("arithmetic", **QUICK)
+    assert path == broken
+    assert all((path / name).is_file() for name in REQUIRED_FILES)
+    assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_same_recipe_same_weights_and_recipe_changes_the_dir():
+    a = build_warmstart("arithmetic", **QUICK)
+    weights_a = load_file(a / "model.safetensors")
+    b = build_warmstart("arithmetic", rebuild=True, **QUICK)
+    assert a == b
+    weights_b = load_file(b / "model.safetensors")
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    assert build_warmstart("arithmetic", seed=1, **QUICK) != a
+
+
+def test_sft_labels_cover_the_response_and_eos_only():
+    tok = char_tokenizer()
+    batch = encode_sft(tok, ["1+2=", "3="], ["3#3", "#3"])
+    # row 0: <bos> 1 + 2 = | 3 # 3 <eos>  -> 5 prompt tokens masked, 4 labelled
+    assert batch["labels"][0].tolist()[:5] == [-100] * 5
+    assert tok.decode(batch["labels"][0, 5:9].tolist()) == "3#3<eos>"
+    # row 1 is right-padded: <bos> 3 = | # 3 <eos> then 3 pads, all unlabelled
+    assert batch["labels"][1].tolist()[6:] == [-100] * 3
+    assert batch["attention_mask"][1].tolist() == [1] * 6 + [0] * 3
+
+
+def test_cli_builds_and_prints_the_dir(capsys):
+    warmstart.main(["--task", "countdown", "--size", "nano", "--steps", "2", "--batch-size", "4"])
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "countdown-d3-nano-" in printed

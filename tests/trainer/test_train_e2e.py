@@ -1,0 +1,136 @@
+"""`grpoplus train` end to end on a nano model: outputs, every preset, exact resume after SIGKILL,
+bad input, data sets, and the report/compare commands on a real run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpoplus.algo import AlgoConfig
+from grpoplus.cli import main
+from grpoplus.metrics import read_metrics
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+
+SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
+         "progress=false", "tensorboard=false", "doctor_every=2", "micro_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def nano_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("nano")
+    tok = char_tokenizer()
+    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _train(*args) -> int:
+    return main(["train", *args])
+
+
+def test_train_writes_the_run_directory(nano_dir, tmp_path):
+    out = tmp_path / "run"
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=3", "eval_every=2", "save_every=2", *SMALL) == 0
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert "eval/accuracy" in records[0] and "eval/accuracy" in records[2] and "eval/accuracy" in records[3]
+    for key in ("reward/mean", "length/mean", "policy/entropy_mean", "loss/clip_frac_high", "optim/grad_norm",
+                "mismatch/k3", "time/rollout_s", "groups/zero_std_frac", "eval/pass@2"):
+        assert key in records[3] or key in records[2], key
+    assert (out / "config.yaml").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2, 3}
+
+
+@pytest.mark.parametrize("preset", AlgoConfig.preset_names())
+def test_every_preset_runs_through_train(nano_dir, tmp_path, preset):
+    out = tmp_path / preset
+    assert _train("--preset", preset, "--model", nano_dir, "--out", str(out), "max_steps=1", "eval_size=2",
+                  *SMALL) == 0
+    last = read_metrics(out)[-1]
+    assert last["step"] == 1 and all(v == v for v in last.values())  # finite, no NaN
+
+
+def _cli(args: list[str], env_extra: dict) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    return subprocess.run([sys.executable, "-m", "grpoplus", "train", *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in records]
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
+    common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert _cli(["--out", str(straight), *common], {}).returncode == 0
+    run = _cli(["--out", str(killed), *common], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    assert run.returncode == -9  # SIGKILL after step 3 was logged; last checkpoint is step 2
+    assert [r["step"] for r in read_metrics(killed)] == [0, 1, 2, 3]
+    resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(killed)],
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _comparable(read_metrics(killed)) == _comparable(read_metrics(straight))
+    a = load_file(straight / "checkpoints" / "step-5" / "model.safetensors")
+    b = load_file(killed / "checkpoints" / "step-5" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_a_larger_max_steps_continues(nano_dir, tmp_path):
+    out = tmp_path / "run"
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=2", *SMALL) == 0
+    assert _train("--resume", str(out), "max_steps=3") == 0
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+def test_bad_input_is_a_clear_error(nano_dir, tmp_path, capsys):
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "a"), "eps_hgh=0.3") == 2
+    assert "unknown config key 'eps_hgh'" in capsys.readouterr().err
+    assert _train("--model", str(tmp_path / "missing"), "--out", str(tmp_path / "b"), *SMALL) == 2
+    assert "missing" in capsys.readouterr().err
+    assert _train("--resume", str(tmp_path / "nothing")) == 2
+    assert "config.yaml" in capsys.readouterr().err
+    out = tmp_path / "c"
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=1", *SMALL) == 0
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=1", *SMALL) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=1", "overwrite=true", *SMALL) == 0
+
+
+def test_jsonl_dataset_trains_and_bad_rows_are_skipped(nano_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    rows = [json.dumps({"question": f"{i}+{i}=", "solution": f"so #### {2 * i}"}) for i in range(30)]
+    rows.insert(3, "{not json")
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    assert _train("--model", nano_dir, "--data", str(data), "--prompt-field", "question", "--answer-field",
+                  "solution", "answer_format=gsm8k", "--out", str(out), "max_steps=1", "eval_samples=0",
+                  *SMALL) == 0
+    assert "skipped 1 malformed rows" in capsys.readouterr().out
+    assert read_metrics(out)[-1]["step"] == 1
+    assert _train("--model", nano_dir, "--data", str(data), "--prompt-field", "nope", "--out",
+                  str(tmp_path / "r2"), *SMALL) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_report_and_compare_on_a_real_run(nano_dir, tmp_path):
+    runs = []
+    for preset in ("dapo", "cispo"):
+        out = tmp_path / preset
+        assert _train("--preset", preset, "--model", nano_dir, "--out", str(out), "max_steps=3", *SMALL) == 0
+        runs.append(str(out))
+    assert main(["report", runs[0]]) == 0
+    pngs = list((Path(runs[0]) / "report").glob("*.png"))
+    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+    assert (Path(runs[0]) / "report" / "index.html").is_file()
+    assert main(["compare", *runs, "--out", str(tmp_path / "cmp")]) == 0
+    assert [p for p in (tmp_path / "cmp").glob("*.png") if p.stat().st_size > 1000]
+    assert main(["doctor", runs[0]]) in (0, 1)
