@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_model
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
@@ -53,7 +53,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
     if ref_model is not None:
-        save_file({k: v.detach().contiguous() for k, v in ref_model.state_dict().items()}, tmp / REF_FILE)
+        save_model(ref_model, str(tmp / REF_FILE))  # handles tied embeddings
     _fsync_dir_files(tmp)
     (tmp / MARKER).write_text(str(step))
     if final.exists():  # a re-save of the same step (e.g. after resume): replace it whole
@@ -120,4 +120,4 @@ def load_state(path: Path) -> dict:
 
 
 def load_reference(ref_model: torch.nn.Module, path: Path) -> None:
-    ref_model.load_state_dict(load_file(path / REF_FILE))
+    load_model(ref_model, str(path / REF_FILE))
