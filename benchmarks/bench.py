@@ -65,7 +65,7 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
         peer_model(tok).save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
         cfg = build_config("grpo", overrides=[
-            f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0", "difficulty=2",
+            f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0",
             "prompts_per_step=4", "group_size=8", "max_new_tokens=8", "lr=1e-4", "eval_every=0", "save_every=0",
             "eval_size=1", "eval_samples=0", "progress=false", "tensorboard=false", "doctor_every=0",
             f"threads={threads}", "warmup_steps=0"])

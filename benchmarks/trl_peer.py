@@ -49,8 +49,8 @@ def peer_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
 
 
 def peer_prompts(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    """``n`` prompts and answers of the built-in arithmetic task (difficulty 2)."""
-    examples = list(get_task("arithmetic", difficulty=2, seed=seed, n_train=n, n_test=1).split("train"))[:n]
+    """``n`` prompts and answers of the built-in arithmetic task (default difficulty)."""
+    examples = list(get_task("arithmetic", seed=seed).split("train"))[:n]
     return [e.prompt for e in examples], [e.answer for e in examples]
 
 

@@ -133,22 +133,32 @@ def learner_logprobs(model, rollouts: Rollouts, temperature: float, micro_batch_
                              micro_batch_size=micro_batch_size)
 
 
+def logp_old_from_update(algo: A.AlgoConfig, source: str, uses_reference: bool) -> bool:
+    """True when pi_old's log-probs can be the training forward's own (detached): one update per
+    batch (so the weights are still pi_old) and nothing needs them before the update."""
+    needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or (
+        uses_reference and algo.kl_placement == "in_reward")
+    return source == "auto" and algo.num_iterations * algo.num_minibatches == 1 and not needed_before
+
+
 def build_train_batch(scored: ScoredRollouts, model, ref_model, algo: A.AlgoConfig, *, temperature: float,
-                      micro_batch_size: int, recompute_logp_old: bool) -> tuple[TrainBatch, dict, torch.Tensor]:
+                      micro_batch_size: int, logp_old_source: str) -> tuple[TrainBatch, dict, torch.Tensor | None]:
     """Learner-side preparation: logp_old / entropy / logp_ref, advantages and loss-mask filters.
 
-    Returns (batch, metrics, entropy [N, T])."""
+    Returns (batch, metrics, entropy [N, T] or None when the update will measure it)."""
     r = scored.rollouts
     mask = r.response_mask.float()
-    logp_old, entropy = learner_logprobs(model, r, temperature, micro_batch_size, with_entropy=True)
-    if not recompute_logp_old:
+    logp_old = entropy = None
+    if logp_old_source == "rollout":
         logp_old = r.logp_roll.clone()
+    elif not logp_old_from_update(algo, logp_old_source, ref_model is not None):
+        logp_old, entropy = learner_logprobs(model, r, temperature, micro_batch_size, with_entropy=True)
     logp_ref = None
     if ref_model is not None:
         logp_ref, _ = learner_logprobs(ref_model, r, temperature, micro_batch_size, with_entropy=False)
     rewards = scored.rewards
     metrics: dict[str, float] = {}
-    if logp_ref is not None and algo.kl_placement == "in_reward":
+    if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old was recomputed (see above)
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
     advantages, loss_mask = _advantages(rewards, r, algo, mask)
     if algo.overlong_filter:

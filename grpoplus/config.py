@@ -115,8 +115,11 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     micro_batch_size: int = 64
     """Responses per forward/backward; gradients are accumulated with exact normalisation."""
-    recompute_logp_old: bool = True
-    """Learner recomputes logp_old (False: logp_old = logp_roll)."""
+    logp_old: str = "auto"
+    """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
+    update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch
+    and nothing that needs pi_old before the update (corrections, KL in reward, entropy mask),
+    the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
 
 
@@ -133,6 +136,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.on_bad_row": ("skip", "error"),
     "rollout.sampler_precision": ("fp32", "bf16_rounded"),
     "learner.lr_schedule": ("constant", "cosine", "linear"),
+    "learner.logp_old": ("auto", "recompute", "rollout"),
 }
 
 

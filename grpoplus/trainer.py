@@ -102,12 +102,14 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, object]:
         return metrics, drawn[-1]
     batch, prep_metrics, entropy = build_train_batch(
         scored, c.model, c.ref_model, cfg.algo, temperature=cfg.rollout.temperature,
-        micro_batch_size=cfg.learner.micro_batch_size, recompute_logp_old=cfg.learner.recompute_logp_old)
+        micro_batch_size=cfg.learner.micro_batch_size, logp_old_source=cfg.learner.logp_old)
     metrics.update(prep_metrics)
-    metrics.update(rollout_metrics(drawn, entropy, scored.rollouts.response_mask))
-    metrics.update(update_policy(c.model, c.optimizer, c.scheduler, batch, cfg.algo,
-                                 temperature=cfg.rollout.temperature, micro_batch_size=cfg.learner.micro_batch_size,
-                                 max_grad_norm=cfg.learner.max_grad_norm))
+    learner_metrics, update_entropy = update_policy(
+        c.model, c.optimizer, c.scheduler, batch, cfg.algo, temperature=cfg.rollout.temperature,
+        micro_batch_size=cfg.learner.micro_batch_size, max_grad_norm=cfg.learner.max_grad_norm)
+    metrics.update(learner_metrics)
+    metrics.update(rollout_metrics(drawn, entropy if entropy is not None else update_entropy,
+                                   scored.rollouts.response_mask))
     c.engine.sync_weights(c.model)
     if c.ref_model is not None and cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0:
         A.reset_reference(c.ref_model, c.model, c.optimizer, cfg.algo.ref_reset_optimizer)

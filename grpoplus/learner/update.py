@@ -29,7 +29,7 @@ class TrainBatch:
     loss_mask: torch.Tensor  # [N, T] tokens that carry loss (after filters)
     advantages: torch.Tensor  # [N] or [N, T]
     logp_roll: torch.Tensor  # [N, T]
-    logp_old: torch.Tensor  # [N, T]
+    logp_old: torch.Tensor | None  # [N, T]; None: take it from the training forward (on-policy, one update)
     logp_ref: torch.Tensor | None  # [N, T]
     group_ids: torch.Tensor  # [N]
 
@@ -73,17 +73,25 @@ def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.
 
 
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, *, temperature: float,
-                   micro_batch_size: int, max_grad_norm: float) -> tuple[dict[str, float], bool]:
-    """Accumulate the mini-batch's gradient over micro-batches and step. Returns (metrics, stepped)."""
-    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
+                   micro_batch_size: int, max_grad_norm: float
+                   ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
+    """Accumulate the mini-batch's gradient over micro-batches and step.
+
+    Returns (metrics, stepped, entropy [N, T] when ``batch.logp_old`` is None, else None)."""
+    fused = batch.logp_old is None  # then no correction is on: prepare_loss does not read logp_old
+    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_roll if fused else batch.logp_old, batch.logp_roll,
+                                   batch.advantages, algo)
     acc = MetricAccumulator()
     total_loss = policy_part = 0.0
+    entropies = []
     optimizer.zero_grad(set_to_none=True)
     for idx in torch.arange(len(batch.group_ids)).split(micro_batch_size):
         mb = batch.rows(idx)
-        logp, _ = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                    temperature=temperature)
-        loss, metrics = policy_loss(logp, mb.logp_old, mb.advantages, loss_mask[idx], algo,
+        logp, entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                          temperature=temperature, with_entropy=fused)
+        logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
+        entropies.append(entropy)
+        loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
                                     logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm)
         loss.backward()
         total_loss += loss.item()  # micro-batch losses are globally normalised: they add up
@@ -98,19 +106,26 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, *, tem
     optimizer.zero_grad(set_to_none=True)
     out = acc.result()
     out.update({"loss/total": total_loss, "loss/policy": policy_part, "optim/grad_norm": grad_norm})
-    return out, stepped
+    return out, stepped, torch.cat(entropies) if fused else None
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, *, temperature: float,
-                  micro_batch_size: int, max_grad_norm: float) -> dict[str, float]:
-    """All optimizer steps for one rollout batch; returns the step's learner metrics."""
+                  micro_batch_size: int, max_grad_norm: float) -> tuple[dict[str, float], torch.Tensor | None]:
+    """All optimizer steps for one rollout batch.
+
+    Returns the step's learner metrics, and the token entropy [N, T] when it came from the
+    training forward (``batch.logp_old`` None: one update, so each row is seen once)."""
+    if batch.logp_old is None and algo.num_iterations * algo.num_minibatches != 1:
+        raise ValueError("logp_old may come from the training forward only with one update per batch")
     model.train()
     acc = MetricAccumulator()
     skipped = 0
+    entropy = None
     for _ in range(algo.num_iterations):
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
-            metrics, stepped = optimizer_step(model, optimizer, batch.rows(rows), algo, temperature=temperature,
-                                              micro_batch_size=micro_batch_size, max_grad_norm=max_grad_norm)
+            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo,
+                                                       temperature=temperature, micro_batch_size=micro_batch_size,
+                                                       max_grad_norm=max_grad_norm)
             skipped += not stepped
             scheduler.step()
             acc.add({k: v for k, v in metrics.items() if math.isfinite(v)}, weight=1.0)
@@ -118,14 +133,14 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     out = acc.result()
     out["optim/skipped_updates"] = float(skipped)
     out["optim/lr"] = optimizer.param_groups[0]["lr"]
-    return out
+    return out, entropy
 
 
 def build_optimizer(model, *, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int,
                     schedule: str, total_steps: int):
     """AdamW with linear warm-up then constant / cosine / linear decay (per optimizer step)."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                  weight_decay=weight_decay, betas=betas)
+                                  weight_decay=weight_decay, betas=betas, foreach=True)  # fewer small kernels
 
     def factor(step: int) -> float:
         if step < warmup_steps:

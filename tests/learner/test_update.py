@@ -28,10 +28,6 @@ def _grads_after_step(model, batch, algo, micro):
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves weights, we read grads
     captured = {}
-
-    def keep(p):
-        return lambda g: captured.__setitem__(id(p), g.clone())
-
     hooks = [p.register_post_accumulate_grad_hook(lambda p: captured.__setitem__(p, p.grad.clone()))
              for p in model.parameters()]
     optimizer_step(model, opt, batch, algo, temperature=1.0, micro_batch_size=micro, max_grad_norm=1e9)
@@ -63,14 +59,14 @@ def test_non_finite_loss_skips_the_step_and_keeps_weights():
     batch = _batch(tok)
     batch.advantages[0] = float("nan")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    metrics, stepped = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
-                                      micro_batch_size=4, max_grad_norm=1.0)
+    metrics, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
+                                         micro_batch_size=4, max_grad_norm=1.0)
     assert not stepped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not opt.state  # AdamW moments untouched too
     batch.advantages[0] = 1.0
-    _, stepped = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
-                                micro_batch_size=4, max_grad_norm=1.0)
+    _, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
+                                   micro_batch_size=4, max_grad_norm=1.0)
     assert stepped and any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -86,3 +82,25 @@ def test_metric_accumulator_weights_means_and_keeps_extremes():
     acc.add({"loss/ratio_mean": 4.0, "loss/ratio_max": 1.5, "mismatch/is_weight_min": 0.7}, weight=3)
     # weighted mean (1*1 + 4*3) / 4 = 3.25; max of maxima; min of minima
     assert acc.result() == {"loss/ratio_mean": 3.25, "loss/ratio_max": 2.0, "mismatch/is_weight_min": 0.5}
+
+
+def test_logp_old_from_the_training_forward_equals_a_recompute_pass():
+    """On-policy with one update, pi_old is the current policy: taking logp_old from the training
+    forward (detached) must give exactly the gradient of a separate no-grad recompute pass."""
+    from grpoplus.learner.logprobs import response_logprobs
+
+    tok = char_tokenizer()
+    model = tiny_model(tok, size="nano", seed=0).double()
+    batch = _batch(tok)
+    batch = TrainBatch(*(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                         for x in (getattr(batch, f) for f in batch.__dataclass_fields__)))
+    with torch.no_grad():
+        recomputed, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                          batch.response_mask)
+    algo = AlgoConfig.preset("dapo", max_len=5)
+    batch.logp_old = recomputed
+    separate = _grads_after_step(model, batch, algo, micro=3)
+    batch.logp_old = None
+    fused = _grads_after_step(model, batch, algo, micro=3)
+    for a, b in zip(separate, fused):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
