@@ -128,9 +128,13 @@ def _merge(parts: list[ScoredRollouts], pad_id: int, max_groups: int) -> ScoredR
 
 @torch.no_grad()
 def learner_logprobs(model, rollouts: Rollouts, temperature: float, micro_batch_size: int, with_entropy: bool):
-    return response_logprobs(model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.response_ids,
-                             rollouts.response_mask, temperature=temperature, with_entropy=with_entropy,
-                             micro_batch_size=micro_batch_size)
+    """No-grad log-probs (and entropy) of the rollouts under ``model``, returned on the CPU."""
+    device = next(model.parameters()).device
+    logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
+                                      rollouts.response_ids.to(device), rollouts.response_mask.to(device),
+                                      temperature=temperature, with_entropy=with_entropy,
+                                      micro_batch_size=micro_batch_size)
+    return logp.cpu(), None if entropy is None else entropy.cpu()
 
 
 def logp_old_from_update(algo: A.AlgoConfig, source: str, uses_reference: bool) -> bool:

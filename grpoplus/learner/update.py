@@ -34,10 +34,13 @@ class TrainBatch:
     group_ids: torch.Tensor  # [N]
 
     def rows(self, idx: torch.Tensor) -> "TrainBatch":
-        def take(x):
-            return None if x is None else x[idx]
+        return self._map(lambda x: x[idx.to(x.device)])
 
-        return TrainBatch(*(take(getattr(self, f)) for f in self.__dataclass_fields__))
+    def to(self, device: torch.device) -> "TrainBatch":
+        return self._map(lambda x: x.to(device))
+
+    def _map(self, fn) -> "TrainBatch":
+        return TrainBatch(*(None if (x := getattr(self, f)) is None else fn(x) for f in self.__dataclass_fields__))
 
 
 class MetricAccumulator:
@@ -117,6 +120,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     training forward (``batch.logp_old`` None: one update, so each row is seen once)."""
     if batch.logp_old is None and algo.num_iterations * algo.num_minibatches != 1:
         raise ValueError("logp_old may come from the training forward only with one update per batch")
+    batch = batch.to(next(model.parameters()).device)
     model.train()
     acc = MetricAccumulator()
     skipped = 0
@@ -133,7 +137,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     out = acc.result()
     out["optim/skipped_updates"] = float(skipped)
     out["optim/lr"] = optimizer.param_groups[0]["lr"]
-    return out, entropy
+    return out, None if entropy is None else entropy.cpu()
 
 
 def build_optimizer(model, *, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int,

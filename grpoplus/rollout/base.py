@@ -26,7 +26,7 @@ class SamplingParams:
 
 @dataclass
 class Rollouts:
-    """G responses for each of B prompts; N = B * G rows, groups contiguous.
+    """G responses for each of B prompts; N = B * G rows, groups contiguous. Tensors on the CPU.
 
     Prompts are left-padded to P columns, responses right-padded to T columns, so that
     ``torch.cat([prompt_ids, response_ids], 1)`` is the learner's input.

@@ -161,10 +161,11 @@ class HFEngine:
         lengths = mask.sum(1).long().tolist()
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                             skip_special_tokens=True)
+        cpu = torch.device("cpu")  # the trainer's bookkeeping lives on the CPU; the learner moves what it needs
         return Rollouts(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=tokens, response_mask=mask,
-            logp_roll=logp, finished=torch.cat([p[3] for p in parts]),
-            group_ids=torch.arange(len(prompts), device=device).repeat_interleave(params.n),
+            prompt_ids=prompt_ids.to(cpu), prompt_mask=prompt_mask.to(cpu), response_ids=tokens.to(cpu),
+            response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=torch.cat([p[3] for p in parts]).to(cpu),
+            group_ids=torch.arange(len(prompts)).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
         )
 

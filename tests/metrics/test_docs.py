@@ -3,7 +3,7 @@ from pathlib import Path
 
 from grpoplus.metrics import CHECKS, DoctorThresholds, threshold_docs
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_docs_table_lists_every_threshold_with_its_default_and_doc():
