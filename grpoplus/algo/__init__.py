@@ -1,4 +1,4 @@
-"""The algorithm core of grpoplus, usable without the trainer (see README.md, "The algorithm core").
+"""The algorithm core of grpoplus, usable without the trainer (see README.md, section The algorithm core).
 
     from grpoplus.algo import AlgoConfig, compute_advantages, policy_loss
 

@@ -177,7 +177,7 @@ def policy_loss(
     v32 mask with ``sg[logp]``) and the denominators come from the resulting mask.
     ``norm`` given: ``mask`` must be the final mask from :func:`prepare_loss`
     (masks are not applied again) and the denominators are the global ones in ``norm``.
-    Returns ``(loss, metrics)``; metrics are floats with the keys listed in README.md, "The algorithm core".
+    Returns ``(loss, metrics)``; metrics are floats with the keys listed in README.md, section The algorithm core.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [N, T], got {tuple(logp.shape)}")
