@@ -26,7 +26,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 import torch  # noqa: E402
 from transformers import LlamaForCausalLM, TrainerCallback  # noqa: E402
 
-from grpoplus.models.tiny import tiny_config  # noqa: E402
+from grpoplus.models.tiny import tiny_model  # noqa: E402
 from grpoplus.models.tokenizer import char_tokenizer  # noqa: E402
 from grpoplus.tasks import get_task  # noqa: E402
 from grpoplus.tasks.arithmetic import arithmetic_reward  # noqa: E402
@@ -38,14 +38,7 @@ PEER_MODEL = dict(hidden_size=192, intermediate_size=768, num_hidden_layers=4, n
 
 def peer_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     """The benchmark's policy: a randomly initialised fp32 Llama of ``PEER_MODEL`` size."""
-    config = tiny_config(len(tokenizer), size="small", pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **PEER_MODEL)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    return model
+    return tiny_model(tokenizer, seed=seed, **PEER_MODEL)
 
 
 def peer_prompts(n: int, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -75,8 +75,9 @@ class DataConfig:
     rewards: list = field(default_factory=lambda: ["task"])
     """Reward components: `task` (the task's verifier), built-in names, `module:function`,
     `file.py:function`, each optionally with `:weight`."""
-    reward_workers: int = 0
-    """0 = score in-process; N > 0 = process pool of N workers (for slow or untrusted rewards)."""
+    reward_workers: int | str = 0
+    """0 = score in-process; N > 0 = process pool of N workers; auto = a pool sized to the machine
+    (for slow or untrusted rewards)."""
     reward_timeout_s: float = 10.0
     """Per-call reward time limit (pool workers only)."""
     chat_template: bool = True
@@ -306,6 +307,9 @@ def _check(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
+    workers = cfg.data.reward_workers
+    if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
+        raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ValueError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.rollout.temperature <= 0:

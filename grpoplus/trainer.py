@@ -151,6 +151,7 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
         print(f"resuming from {latest} (step {start})", file=sys.stderr)
     elif resume:
         print(f"no complete checkpoint in {run_dir}: starting from step 0", file=sys.stderr)
+        clear_run_dir(run_dir, overwrite=True)  # what was logged before the first checkpoint is redone
     cfg.save(run_dir / "config.yaml")
     truncate_jsonl(run_dir / "samples.jsonl", start)
     writer = MetricsWriter(run_dir, tensorboard=cfg.run.tensorboard, resume_step=start if latest else None)

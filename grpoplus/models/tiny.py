@@ -39,8 +39,10 @@ def tiny_config(vocab_size: int, *, size: str = "small", **overrides) -> LlamaCo
     return LlamaConfig(**fields)
 
 
-def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed: int = 0,
+               **overrides) -> LlamaForCausalLM:
     """A randomly initialised fp32 tiny Llama for ``tokenizer``; same ``seed`` -> same weights.
+    ``overrides`` are LlamaConfig fields on top of the ``size`` preset (e.g. ``hidden_size``).
 
     The special-token ids of the tokenizer are written into the config and the generation
     config, so ``model.generate`` stops at ``<eos>`` and pads with ``<pad>``.
@@ -51,6 +53,7 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **overrides,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -36,6 +36,7 @@ def test_yaml_file_nested_and_flat(tmp_path):
     (["top_p=1.5"], "top_p"),
     (["lr_schedule=steep"], "lr_schedule"),
     (["noequals"], "key=value"),
+    (["reward_workers=many"], "reward_workers"),
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message):

@@ -135,3 +135,15 @@ def test_report_and_compare_on_a_real_run(nano_dir, tmp_path):
     assert main(["compare", *runs, "--out", str(tmp_path / "cmp")]) == 0
     assert [p for p in (tmp_path / "cmp").glob("*.png") if p.stat().st_size > 1000]
     assert main(["doctor", runs[0]]) in (0, 1)
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(nano_dir, tmp_path):
+    out = tmp_path / "early"
+    common = ["--model", nano_dir, "--out", str(out), "max_steps=2", "save_every=0", "threads=1", *SMALL]
+    assert _cli(common, {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "1"}).returncode == -9
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step-*"))
+    resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(out)],
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "starting from step 0" in resumed.stderr
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
