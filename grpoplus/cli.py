@@ -81,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from grpoplus.rewards import RewardError
+
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, RewardError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,12 +12,15 @@ from grpoplus.rewards.extract import extract_answer, last_boxed, reference_answe
 from grpoplus.rewards.format import format_ok
 from grpoplus.rewards.length import soft_overlong_penalty
 from grpoplus.rewards.math_answer import math_reward
-from grpoplus.rewards.pipeline import RewardComponent, RewardPipeline, RewardResult, parse_reward_specs
+from grpoplus.rewards.pipeline import (RewardComponent, RewardError, RewardPipeline, RewardResult,
+                                       RewardTypeError, parse_reward_specs)
 from grpoplus.rewards.sandbox import SandboxResult, run_python
 
 __all__ = [
     "REWARDS",
     "RewardComponent",
+    "RewardError",
+    "RewardTypeError",
     "RewardPipeline",
     "RewardResult",
     "SandboxResult",

@@ -167,19 +167,27 @@ def _payload(comp: RewardComponent) -> tuple | None:
         return ("spec", comp.source) if comp.source else None
 
 
+class RewardError(RuntimeError):
+    """A reward function is broken in a way no sample can survive (it stops the run with this message)."""
+
+
+class RewardTypeError(RewardError, TypeError):
+    """A reward returned something that is not a list of float / None."""
+
+
 def _to_value(name: str, value, index: int) -> float | None:
     if value is None:
         return None
     if isinstance(value, numbers.Real) or hasattr(value, "item"):
         return float(value)
-    raise TypeError(
+    raise RewardTypeError(
         f"reward {name!r} returned a {type(value).__name__} at index {index}; rewards must be float or None"
     )
 
 
 def _check_count(name: str, values, n: int) -> list:
     if not hasattr(values, "__len__") or isinstance(values, (str, bytes, dict)):
-        raise TypeError(f"reward {name!r} returned a {type(values).__name__}; it must return a list of {n} values")
+        raise RewardTypeError(f"reward {name!r} returned a {type(values).__name__}; it must return a list of {n} values")
     if len(values) != n:
         raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions; it must return one each")
     return list(values)
@@ -330,7 +338,7 @@ def _reduce(name: str, outcomes: list, counted: dict) -> tuple[list, dict, int, 
             raised += 1
             first_error = first_error or value
     if outcomes and raised == len(outcomes):
-        raise RuntimeError(
+        raise RewardError(
             f"reward {name!r} raised on every sample of the batch, which points at a bug in the reward "
             f"(a missing field? a wrong signature?): {first_error}"
         )

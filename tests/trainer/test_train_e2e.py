@@ -147,3 +147,20 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(nano_dir
     assert resumed.returncode == 0, resumed.stderr
     assert "starting from step 0" in resumed.stderr
     assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
+
+
+def test_a_broken_user_reward_stops_the_run_with_its_name(nano_dir, tmp_path, capsys):
+    reward_file = tmp_path / "my_rewards.py"
+    reward_file.write_text("def broken(prompts, completions, **fields):\n    raise KeyError('solution')\n\n"
+                           "def flaky(prompts, completions, **fields):\n"
+                           "    if len(completions) > 1:\n        raise RuntimeError('batch too big')\n"
+                           "    return [0.5]\n")
+    out = tmp_path / "run"
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=1", *SMALL,
+                  f"rewards=[task,{reward_file}:broken]") == 2
+    err = capsys.readouterr().err
+    assert "broken" in err and "every sample" in err
+    # A reward that fails on a whole batch but works per sample survives: retried one by one.
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "ok"), "max_steps=1", *SMALL,
+                  f"rewards=[task,{reward_file}:flaky:0.5]") == 0
+    assert read_metrics(tmp_path / "ok")[-1]["reward/flaky/mean"] == 0.5
