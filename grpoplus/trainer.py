@@ -156,7 +156,7 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
     truncate_jsonl(run_dir / "samples.jsonl", start)
     writer = MetricsWriter(run_dir, tensorboard=cfg.run.tensorboard, resume_step=start if latest else None)
     doctor, records = LiveDoctor(), []
-    progress = make_progress(cfg, start)
+    progress = Progress(cfg, start)
     try:
         if start == 0:
             records.append(log(writer, 0, run_eval(cfg, c, 0)))
@@ -213,7 +213,7 @@ def log(writer, step: int, metrics: dict) -> dict:
     return record
 
 
-class make_progress:
+class Progress:
     """A tqdm bar with the few numbers a person watches."""
 
     def __init__(self, cfg: Config, start: int):
