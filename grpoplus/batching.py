@@ -17,6 +17,7 @@ from grpoplus import algo as A
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.update import TrainBatch
 from grpoplus.rollout.base import Rollouts, SamplingParams, concat_rollouts, select_rows
+from grpoplus.tasks.base import is_correct, reward_fields
 
 
 @dataclass
@@ -58,19 +59,19 @@ class PromptSampler:
         self._order = self._permutation()
 
 
-def score(rollouts: Rollouts, examples: list, rewards_fn, algo: A.AlgoConfig, correct_key: str) -> ScoredRollouts:
-    """Reward every response; add DAPO soft overlong punishment when switched on."""
+def score(rollouts: Rollouts, examples: list, rewards_fn, algo: A.AlgoConfig,
+          correct_key: str) -> tuple[ScoredRollouts, dict[str, float]]:
+    """Reward every response; add DAPO soft overlong punishment when switched on.
+
+    Returns the scored rollouts and the reward pipeline's metrics."""
     per_row = [examples[rollouts.prompt_index[g]] for g in rollouts.group_ids.tolist()]
-    fields = {"answer": [ex.answer for ex in per_row],
-              "completion_length": rollouts.lengths.tolist(),
-              "finished": rollouts.finished.tolist()}
-    for key in per_row[0].fields if per_row else []:
-        fields[key] = [ex.fields.get(key) for ex in per_row]
+    fields = reward_fields(per_row)
+    fields.update(completion_length=rollouts.lengths.tolist(), finished=rollouts.finished.tolist())
     result = rewards_fn([ex.prompt for ex in per_row], rollouts.texts, fields)
     rewards = torch.tensor(result.total, dtype=torch.float32)
     if algo.overlong_shaping:
         rewards = rewards + A.soft_overlong_penalty(rollouts.lengths, algo.max_len, algo.overlong_cache)
-    correct = torch.tensor([(c or 0.0) >= 1.0 for c in result.components[correct_key]], dtype=torch.bool)
+    correct = torch.tensor([is_correct(c) for c in result.components[correct_key]], dtype=torch.bool)
     return ScoredRollouts(rollouts, rewards, correct, result.components), result.metrics
 
 
@@ -88,7 +89,7 @@ def collect(engine, sampler: PromptSampler, examples: list, rewards_fn, algo: A.
     Returns (batch to train on, every scored round for metrics, stage metrics)."""
     filtering = algo.dynamic_sampling or algo.zero_variance_filter
     max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
-    kept, drawn, rounds, times, metrics = [], [], 0, {"rollout": 0.0, "reward": 0.0}, {}
+    kept, drawn, rounds, times, reward_metrics = [], [], 0, {"rollout": 0.0, "reward": 0.0}, []
     n_kept = 0
     while rounds < max_rounds and (rounds == 0 or n_kept < prompts_per_step):
         rounds += 1
@@ -96,7 +97,8 @@ def collect(engine, sampler: PromptSampler, examples: list, rewards_fn, algo: A.
         t0 = time.perf_counter()
         rollouts = engine.generate([examples[i].prompt for i in idx], params, prompt_index=idx, generator=generator)
         t1 = time.perf_counter()
-        scored, metrics = score(rollouts, examples, rewards_fn, algo, correct_key)
+        scored, round_metrics = score(rollouts, examples, rewards_fn, algo, correct_key)
+        reward_metrics.append(round_metrics)
         times["rollout"] += t1 - t0
         times["reward"] += time.perf_counter() - t1
         drawn.append(scored)
@@ -108,11 +110,24 @@ def collect(engine, sampler: PromptSampler, examples: list, rewards_fn, algo: A.
             n_kept += len(scored.rollouts.prompt_index)
     batch = _merge(kept, pad_id, prompts_per_step)
     groups_drawn = rounds * prompts_per_step
+    metrics = combine_rounds(reward_metrics)
     metrics.update({"sampling/rounds": float(rounds), "sampling/groups_drawn": float(groups_drawn),
                     "sampling/groups_kept": float(len(batch.rollouts.prompt_index) if batch else 0),
                     "sampling/kept_frac": (len(batch.rollouts.prompt_index) if batch else 0) / groups_drawn,
                     "time/rollout_s": times["rollout"], "time/reward_s": times["reward"]})
     return batch, drawn, metrics
+
+
+COUNT_SUFFIXES = ("errors", "timeouts", "nonfinite")
+
+
+def combine_rounds(per_round: list[dict[str, float]]) -> dict[str, float]:
+    """One step's reward-pipeline metrics from its sampling rounds: counts add up, the rest average."""
+    out = {}
+    for key in per_round[0]:
+        values = [m[key] for m in per_round if key in m]
+        out[key] = sum(values) if key.endswith(COUNT_SUFFIXES) else sum(values) / len(values)
+    return out
 
 
 def _merge(parts: list[ScoredRollouts], pad_id: int, max_groups: int) -> ScoredRollouts | None:

@@ -7,6 +7,7 @@ import time
 import torch
 
 from grpoplus.rollout.base import SamplingParams
+from grpoplus.tasks.base import is_correct, reward_fields
 
 
 def _percentile(values: torch.Tensor, q: float) -> float:
@@ -20,31 +21,27 @@ def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: 
     (``eval/accuracy_sampled``, mean over all k samples) and pass@k."""
     t0 = time.perf_counter()
     prompts = [ex.prompt for ex in examples]
-    answers = [ex.answer for ex in examples]
     index = list(range(len(examples)))
     greedy = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, greedy=True),
                              prompt_index=index)
-    correct = _correct(task, prompts, greedy.texts, answers, examples)
+    correct = _correct(task, greedy.texts, examples)
     out = {"eval/accuracy": float(correct.mean()), "eval/length_mean": float(greedy.lengths.float().mean())}
     if samples > 0:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
         sampled = engine.generate(prompts, params, prompt_index=index, generator=gen)
-        rows = sampled.group_ids.tolist()
-        hits = _correct(task, [prompts[g] for g in rows], sampled.texts, [answers[g] for g in rows],
-                        [examples[g] for g in rows]).view(len(examples), samples)
+        hits = _correct(task, sampled.texts, [examples[g] for g in sampled.group_ids.tolist()])
+        hits = hits.view(len(examples), samples)
         out["eval/accuracy_sampled"] = float(hits.float().mean())
         out[f"eval/pass@{samples}"] = float(hits.any(dim=1).float().mean())
     out["time/eval_s"] = time.perf_counter() - t0
     return out
 
 
-def _correct(task, prompts, completions, answers, examples) -> torch.Tensor:
-    fields = {}
-    for key in examples[0].fields if examples else []:
-        fields[key] = [ex.fields.get(key) for ex in examples]
-    scores = task.reward(prompts, completions, answer=answers, **fields)
-    return torch.tensor([(s or 0.0) >= 1.0 for s in scores], dtype=torch.float32)
+def _correct(task, completions: list[str], examples: list) -> torch.Tensor:
+    """[n] float 1/0: the task verifier's verdict on each completion of its example."""
+    scores = task.reward([ex.prompt for ex in examples], completions, **reward_fields(examples))
+    return torch.tensor([is_correct(s) for s in scores], dtype=torch.float32)
 
 
 def rollout_metrics(drawn: list, entropy: torch.Tensor | None, mask: torch.Tensor | None) -> dict[str, float]:

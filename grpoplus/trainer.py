@@ -156,10 +156,12 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
     truncate_jsonl(run_dir / "samples.jsonl", start)
     writer = MetricsWriter(run_dir, tensorboard=cfg.run.tensorboard, resume_step=start if latest else None)
     doctor, records = LiveDoctor(), []
+    history = read_metrics(run_dir) if latest else []  # the steps before this call, for the doctor
     progress = Progress(cfg, start)
     try:
         if start == 0:
             records.append(log(writer, 0, run_eval(cfg, c, 0)))
+            history.append(records[-1])
         for step in range(start + 1, cfg.run.max_steps + 1):
             t0 = time.perf_counter()
             metrics, scored = train_step(cfg, c, step)
@@ -171,6 +173,7 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
             metrics.update({"optim/skipped_total": counters["skipped_total"], "time/elapsed_s": counters["elapsed_s"],
                             "time/step_s": time.perf_counter() - t0})
             records.append(log(writer, step, metrics))
+            history.append(records[-1])
             write_samples(run_dir / "samples.jsonl", step, scored, cfg.run.log_samples)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 ckpt.save_checkpoint(run_dir, step, c.model, c.tokenizer, trainer_state(c, step, counters),
@@ -179,7 +182,7 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
             if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):  # fault injection for the resume test
                 os.kill(os.getpid(), signal.SIGKILL)
             if cfg.run.doctor_every and step % cfg.run.doctor_every == 0:
-                for finding in doctor.check(read_metrics(run_dir)):
+                for finding in doctor.check(history):
                     progress.write(f"doctor: {finding.one_line()}")
     finally:
         progress.close()

@@ -37,5 +37,18 @@ class Task(Protocol):
         """Verifier: 1.0 for a correct completion, 0.0 otherwise (fractions allowed, e.g. tests passed)."""
 
 
+def reward_fields(examples: Sequence[Example]) -> dict[str, list]:
+    """Per-sample keyword lists for a reward call: ``answer`` and every extra field of the examples."""
+    fields = {"answer": [ex.answer for ex in examples]}
+    for key in examples[0].fields if examples else ():
+        fields[key] = [ex.fields.get(key) for ex in examples]
+    return fields
+
+
+def is_correct(score: float | None) -> bool:
+    """A verifier's verdict: full marks (1.0, e.g. every test passed) counts as correct."""
+    return (score or 0.0) >= 1.0
+
+
 # name -> factory(**kwargs) -> Task
 TASKS: Registry = Registry("task")
