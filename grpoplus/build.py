@@ -2,7 +2,64 @@
 
 from __future__ import annotations
 
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus.collect import CollectPlan
 from grpoplus.config import Config
+from grpoplus.containers import SamplingParams
+from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.prompts import PromptSampler
+from grpoplus.scoring import Scorer
+
+
+@dataclass
+class Components:
+    """Everything a run needs, built once from its config."""
+
+    task: object
+    train: list
+    test: list
+    model: torch.nn.Module
+    tokenizer: object
+    ref_model: torch.nn.Module | None
+    engine: object
+    scorer: Scorer
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    sampler: PromptSampler
+    generator: torch.Generator
+    collect_plan: CollectPlan
+    learner_plan: LearnerPlan
+
+    def close(self) -> None:
+        self.scorer.close()
+        self.engine.close()
+
+
+def build(cfg: Config) -> Components:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar: ours
+    torch.manual_seed(cfg.run.seed)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    task, train, test, model, tokenizer = build_task_and_model(cfg)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
+    scorer = Scorer(build_rewards(cfg, task), train)
+    engine = build_engine(cfg, model, tokenizer)
+    optimizer, scheduler = build_optimizer(cfg, model)
+    params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens)
+    collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
+    learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
+                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None))
+    return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
+                      scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
+                      collect_plan, learner_plan)
 
 
 def build_task_and_model(cfg: Config):
@@ -24,12 +81,51 @@ def build_task_and_model(cfg: Config):
 
 
 def build_rewards(cfg: Config, task):
-    """The reward pipeline and the name of the component that decides correctness."""
+    """The reward pipeline: the configured components, the task verifier (weight 0 when not listed:
+    accuracy is always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""
     from grpoplus.rewards import RewardPipeline, parse_reward_specs
 
-    components = parse_reward_specs(list(cfg.data.rewards), extra={"task": task.reward})
-    names = [comp.name for comp in components]
-    if "task" not in names:  # accuracy is always the task verifier's verdict: score it, weight 0
-        components += parse_reward_specs(["task:0"], extra={"task": task.reward})
-    pipeline = RewardPipeline(components, workers=cfg.data.reward_workers, timeout_s=cfg.data.reward_timeout_s)
-    return pipeline, "task"
+    specs = list(cfg.data.rewards)
+    names = [comp.name for comp in parse_reward_specs(specs, extra={"task": task.reward})]
+    if "task" not in names:
+        specs.append("task:0")
+    if cfg.algo.overlong_shaping:
+        if "soft_overlong" in names:
+            raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
+                             "or set overlong_shaping=false")
+        specs.append({"name": "soft_overlong", "kwargs": {"max_len": cfg.algo.max_len, "cache": cfg.algo.cache_len}})
+    components = parse_reward_specs(specs, extra={"task": task.reward})
+    return RewardPipeline(components, workers=cfg.data.reward_workers, timeout_s=cfg.data.reward_timeout_s)
+
+
+def build_engine(cfg: Config, model, tokenizer):
+    from grpoplus.rollout import ENGINES, EngineOptions
+
+    r = cfg.rollout
+    max_len = getattr(model.config, "max_position_embeddings", None) or 4096
+    options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
+                            max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
+                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs))
+    return ENGINES.get(r.engine)(model, tokenizer, options)
+
+
+def build_optimizer(cfg: Config, model):
+    """AdamW with linear warm-up then constant / cosine / linear decay (per optimizer step)."""
+    lr = cfg.learner
+    warmup, schedule = lr.warmup_steps, lr.lr_schedule
+    total = cfg.run.max_steps * cfg.algo.updates_per_batch
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr.lr,
+                                  weight_decay=lr.weight_decay, betas=(lr.adam_beta1, lr.adam_beta2),
+                                  foreach=True)  # fewer small kernels
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -95,8 +95,18 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 48
-    sampler_precision: str = "fp32"
-    """fp32 (sampler shares the learner's weights) | bf16_rounded (emulated low-precision sampler)."""
+    quantization: str = "none"
+    """Sampler weights: none (the learner's precision) | bf16_rounded (weights rounded to bf16, computed in
+    fp32; hf engine) | int8 (int8 kernels: hf engine on CPU, vLLM on GPU) | fp8 (vLLM on GPU). A real
+    sampler/learner mismatch for the corrections of ALGORITHMS.md section 5."""
+    max_num_seqs: int = 0
+    """Most sequences the engine decodes at once (0 = the engine's choice: all of a batch for hf)."""
+    engine_timeout_s: float = 600.0
+    """Longest an engine may take to start, or to answer one generate call, before the run stops with
+    an error naming what timed out."""
+    engine_kwargs: dict = field(default_factory=dict)
+    """Engine-specific settings passed through as they are (vLLM: gpu_memory_utilization,
+    kv_cache_memory_bytes, dtype, sleep_between_steps, ...)."""
     eval_samples: int = 4
     """Sampled responses per held-out prompt (pass@k with k = this); 0 = greedy only."""
 
@@ -135,7 +145,7 @@ SECTIONS: dict[str, type] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.answer_format": ("raw", "gsm8k", "math", "auto"),
     "data.on_bad_row": ("skip", "error"),
-    "rollout.sampler_precision": ("fp32", "bf16_rounded"),
+    "rollout.quantization": ("none", "bf16_rounded", "int8", "fp8"),
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
 }
@@ -212,6 +222,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             return value
         if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+        if origin is dict and isinstance(value, dict):
+            return dict(value)
         if origin in (list, tuple):
             items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
             return origin(items)

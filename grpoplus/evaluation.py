@@ -1,4 +1,4 @@
-"""Held-out evaluation and the per-step rollout health metrics."""
+"""Held-out evaluation: greedy pass@1 and sampled pass@k on the task's test split."""
 
 from __future__ import annotations
 
@@ -6,12 +6,8 @@ import time
 
 import torch
 
-from grpoplus.rollout.base import SamplingParams
+from grpoplus.containers import SamplingParams
 from grpoplus.tasks.base import is_correct, reward_fields
-
-
-def _percentile(values: torch.Tensor, q: float) -> float:
-    return float(torch.quantile(values.float(), q)) if values.numel() else 0.0
 
 
 @torch.no_grad()
@@ -42,45 +38,3 @@ def _correct(task, completions: list[str], examples: list) -> torch.Tensor:
     """[n] float 1/0: the task verifier's verdict on each completion of its example."""
     scores = task.reward([ex.prompt for ex in examples], completions, **reward_fields(examples))
     return torch.tensor([is_correct(s) for s in scores], dtype=torch.float32)
-
-
-def rollout_metrics(drawn: list, entropy: torch.Tensor | None, mask: torch.Tensor | None) -> dict[str, float]:
-    """Reward, group-spread and length statistics over every response sampled this step."""
-    rewards = torch.cat([s.rewards for s in drawn])
-    correct = torch.cat([s.correct for s in drawn])
-    lengths = torch.cat([s.rollouts.lengths for s in drawn]).float()
-    finished = torch.cat([s.rollouts.finished for s in drawn])
-    out = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-           "reward/accuracy": float(correct.float().mean()),
-           "length/mean": float(lengths.mean()), "length/max": float(lengths.max()),
-           "length/truncated_frac": float((~finished).float().mean()),
-           "batch/responses": float(len(rewards))}
-    if correct.any():
-        out["length/correct_mean"] = float(lengths[correct].mean())
-    if (~correct).any():
-        out["length/incorrect_mean"] = float(lengths[~correct].mean())
-    for name in drawn[0].components:
-        values = [v for s in drawn for v in s.components[name] if v is not None]
-        if values:
-            out[f"reward/{name}/mean"] = sum(values) / len(values)
-    out.update(_group_spread(drawn))
-    if entropy is not None and mask is not None:
-        tokens = entropy[mask > 0]
-        out.update({"policy/entropy_mean": float(tokens.mean()) if tokens.numel() else 0.0,
-                    "policy/entropy_p10": _percentile(tokens, 0.10),
-                    "policy/entropy_p25": _percentile(tokens, 0.25)})
-    return out
-
-
-def _group_spread(drawn: list) -> dict[str, float]:
-    n_groups = zero = all_right = all_wrong = 0
-    for s in drawn:
-        for g in torch.unique(s.rollouts.group_ids):
-            rows = s.rollouts.group_ids == g
-            n_groups += 1
-            if torch.all(s.rewards[rows] == s.rewards[rows][0]):
-                zero += 1
-            all_right += bool(s.correct[rows].all())
-            all_wrong += bool((~s.correct[rows]).all())
-    return {"groups/zero_std_frac": zero / n_groups, "groups/all_correct_frac": all_right / n_groups,
-            "groups/all_wrong_frac": all_wrong / n_groups, "batch/prompts": float(n_groups)}

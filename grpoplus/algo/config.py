@@ -119,6 +119,11 @@ class AlgoConfig:
     # -- derived values handed to the pure functions ----------------------------------------
 
     @property
+    def updates_per_batch(self) -> int:
+        """Optimizer steps per rollout batch (ALGORITHMS.md section 7)."""
+        return self.num_iterations * self.num_minibatches
+
+    @property
     def cache_len(self) -> int:
         """L_cache of the soft overlong punishment."""
         return overlong_cache_len(self.max_len, self.overlong_cache)

@@ -98,7 +98,7 @@ def mismatch_metrics(logp_old: Tensor, logp_roll: Tensor, mask: Tensor) -> dict[
 
 def prepare_loss(
     mask: Tensor,
-    logp_old: Tensor,
+    logp_old: Tensor | None,
     logp_roll: Tensor | None,
     advantages: Tensor,
     cfg: AlgoConfig,
@@ -112,7 +112,8 @@ def prepare_loss(
     ``finished`` [N] is given), the high-entropy mask (when ``cfg.entropy_mask_rho < 1``
     and ``entropy`` [N, T] is given) and every masking correction of ``cfg.corrections``.
     ``deepseek_v32_mask`` uses ``logp_old`` in place of ``sg[logp]``: at the start of a
-    mini-batch they are equal. Returns the final bool mask [N, T] and the global
+    mini-batch they are equal. ``logp_old`` may be None only when no correction is on (pi_old
+    then comes from the training forward). Returns the final bool mask [N, T] and the global
     :class:`LossNorm` (call ``norm.all_reduce()`` under data parallelism). All inputs are
     no-grad; ``advantages`` is [N] or [N, T].
     """
@@ -124,6 +125,9 @@ def prepare_loss(
     metrics: dict[str, Tensor] = {}
     if cfg.corrections:
         roll = _require_roll(logp_roll, cfg)
+        if logp_old is None:
+            raise ValueError(f"corrections {list(cfg.corrections)} need logp_old before the update: "
+                             "recompute it (learner.logp_old=recompute)")
         dtype = work_dtype(logp_old)
         old = _clean(logp_old.detach(), mask, dtype)
         adv = _token_advantages(advantages.detach(), mask.shape).to(dtype)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
+from grpoplus.rundir import RunDir
+
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 REF_FILE = "reference.safetensors"
@@ -27,7 +29,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return RunDir(run_dir).checkpoints
 
 
 def rng_state() -> dict:

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from grpoplus.rundir import RunDir
+
 from .doctor import Finding, diagnose, parse_thresholds
 from .writer import read_metrics
 
@@ -34,7 +36,7 @@ def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if not records:
         raise ValueError(f"{path / 'metrics.jsonl'} holds no records yet")
     config: dict[str, Any] = {}
-    config_path = path / "config.yaml"
+    config_path = RunDir(path).config
     if config_path.is_file():
         import yaml
 
@@ -77,7 +79,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         records, config = load_run(args.run)
     except (FileNotFoundError, ValueError) as err:
         return _fail(str(err))
-    out = Path(args.out) if args.out else Path(args.run) / "report"
+    out = Path(args.out) if args.out else RunDir(args.run).report
     findings = diagnose(records, batch_info=batch_info_from_config(config))
     written = write_report(records, out, f"grpoplus report: {run_label(args.run, config)}",
                            findings, smooth=args.smooth)

@@ -15,8 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
+from grpoplus.rundir import METRICS_FILE, TB_DIR
 
 
 def _metrics_path(run_dir: str | os.PathLike) -> Path:

@@ -1,107 +1,88 @@
-"""The rollout-engine contract and the container it returns.
+"""The rollout-engine contract: what every engine (in-process Hugging Face, vLLM, ...) takes and returns.
 
-Engines (in-process Hugging Face now; vLLM later) all return :class:`Rollouts`, which
-records for every sampled token the log-prob under the distribution it was actually
-sampled from (``logp_roll``), so the learner can measure and correct the mismatch.
+An engine is built by its registered factory from the learner's model, its tokenizer and
+engine-agnostic :class:`EngineOptions`; it samples :class:`~grpoplus.containers.Rollouts`
+that record, for every sampled token, the log-prob under the distribution it was actually
+sampled from (``logp_roll``), so the learner can measure and correct the mismatch; and it
+loads the learner's new weights after every update (``sync_weights``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
+from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.registry import Registry
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    n: int = 8  # responses per prompt (the group size G)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    greedy: bool = False  # temperature 0: argmax decoding, logp_roll of the argmax token at temperature 1
+class EngineOptions:
+    """Options every engine understands (an engine rejects a value it cannot honour)."""
 
-
-@dataclass
-class Rollouts:
-    """G responses for each of B prompts; N = B * G rows, groups contiguous. Tensors on the CPU.
-
-    Prompts are left-padded to P columns, responses right-padded to T columns, so that
-    ``torch.cat([prompt_ids, response_ids], 1)`` is the learner's input.
-    """
-
-    prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad id
-    prompt_mask: torch.Tensor  # [N, P] long, 1 on real prompt tokens
-    response_ids: torch.Tensor  # [N, T] long, right-padded with the pad id
-    response_mask: torch.Tensor  # [N, T] float, 1 on sampled tokens (EOS included when sampled)
-    logp_roll: torch.Tensor  # [N, T] float32, sampler log-prob of each sampled token (0 on padding)
-    finished: torch.Tensor  # [N] bool, True when the response ended with EOS (False: cut by the length limit)
-    group_ids: torch.Tensor  # [N] long, index of the prompt in this batch
-    texts: list[str]  # [N] decoded responses (special tokens stripped)
-    prompt_index: list[int]  # [B] caller-given ids of the prompts (e.g. data positions)
-
-    @property
-    def lengths(self) -> torch.Tensor:  # [N] long
-        return self.response_mask.sum(1).long()
+    quantization: str = "none"
+    """Sampler weights: none (the learner's precision), int8 (real int8 kernels), fp8 (GPU engines),
+    bf16_rounded (weights rounded to bfloat16, computed in float32: a precision gap without int8 kernels)."""
+    max_num_seqs: int | None = None
+    """Most sequences decoded at once (None: the engine's choice)."""
+    max_model_len: int = 1024
+    """Longest prompt + response, in tokens (engines that preallocate size their caches by it)."""
+    seed: int = 0
+    """Seed of engine-internal randomness not driven by the caller's generator."""
+    start_timeout_s: float = 600.0
+    """Longest an engine may take to start before the run stops with an error naming the engine."""
+    generate_timeout_s: float = 600.0
+    """Longest one generate call may take before the run stops with an error naming the engine."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 
 
 class RolloutEngine(Protocol):
+    name: str  # the registered name, for messages
+    pad_id: int  # the token that pads prompts and responses
+
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
                  generator: torch.Generator | None = None) -> Rollouts:
-        """Sample ``params.n`` responses for every prompt."""
+        """Sample ``params.n`` responses for every prompt; groups are contiguous rows."""
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Load the learner's current weights (a no-op when the engine shares the learner's module)."""
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Load the learner's current weights; ``version`` is tagged on later rollouts."""
+
+    def close(self) -> None:
+        """Release the engine's processes and memory (idempotent)."""
 
 
-# name -> factory(model, tokenizer, **kwargs) -> RolloutEngine
+# name -> factory(model, tokenizer, options: EngineOptions) -> RolloutEngine
 ENGINES: Registry = Registry("rollout engine")
 
 
-def select_rows(rollouts: Rollouts, rows: torch.Tensor) -> Rollouts:
-    """The rollouts of the given row indices (whole groups expected), group ids renumbered 0..B'-1."""
-    rows = rows.long()
-    old_groups = rollouts.group_ids[rows]
-    uniq, new_groups = torch.unique(old_groups, return_inverse=True)
-    return Rollouts(
-        prompt_ids=rollouts.prompt_ids[rows],
-        prompt_mask=rollouts.prompt_mask[rows],
-        response_ids=rollouts.response_ids[rows],
-        response_mask=rollouts.response_mask[rows],
-        logp_roll=rollouts.logp_roll[rows],
-        finished=rollouts.finished[rows],
-        group_ids=new_groups,
-        texts=[rollouts.texts[i] for i in rows.tolist()],
-        prompt_index=[rollouts.prompt_index[g] for g in uniq.tolist()],
-    )
+def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:
+    """Reject a bad request with a message naming the field (instead of a failure deep in an engine)."""
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts must be a non-empty list of strings")
+    if prompt_index is not None and len(prompt_index) != len(prompts):
+        raise ValueError(f"prompt_index has {len(prompt_index)} entries for {len(prompts)} prompts")
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams.n and max_new_tokens must be >= 1, got n={params.n}, "
+                         f"max_new_tokens={params.max_new_tokens}")
+    if not params.greedy and params.temperature <= 0:
+        raise ValueError(f"SamplingParams.temperature must be > 0 (greedy=True for argmax), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
 
 
-def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
-    """Stack several rollout batches (e.g. dynamic-sampling rounds): prompts re-left-padded,
-    responses re-right-padded to the widest part, group ids offset so groups stay distinct."""
-    if len(parts) == 1:
-        return parts[0]
-    width_p = max(p.prompt_ids.shape[1] for p in parts)
-    width_t = max(p.response_ids.shape[1] for p in parts)
-
-    def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-        extra = width - x.shape[1]
-        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
-
-    offsets, total = [], 0
-    for p in parts:
-        offsets.append(total)
-        total += len(p.prompt_index)
-    return Rollouts(
-        prompt_ids=torch.cat([pad(p.prompt_ids, width_p, pad_id, True) for p in parts]),
-        prompt_mask=torch.cat([pad(p.prompt_mask, width_p, 0, True) for p in parts]),
-        response_ids=torch.cat([pad(p.response_ids, width_t, pad_id, False) for p in parts]),
-        response_mask=torch.cat([pad(p.response_mask, width_t, 0.0, False) for p in parts]),
-        logp_roll=torch.cat([pad(p.logp_roll, width_t, 0.0, False) for p in parts]),
-        finished=torch.cat([p.finished for p in parts]),
-        group_ids=torch.cat([p.group_ids + off for p, off in zip(parts, offsets)]),
-        texts=[t for p in parts for t in p.texts],
-        prompt_index=[i for p in parts for i in p.prompt_index],
-    )
+def check_rollouts(rollouts: Rollouts, n_prompts: int, params: SamplingParams, engine: str) -> Rollouts:
+    """An engine's answer as the learner needs it, or a one-line error naming the engine and the fault."""
+    expected = n_prompts * params.n
+    got = rollouts.response_ids.shape[0]
+    if got != expected or len(rollouts.texts) != expected:
+        raise RuntimeError(f"rollout engine {engine!r} returned {got} completions for {n_prompts} prompts x "
+                           f"n={params.n} = {expected}; the engine is broken or was interrupted")
+    logp = rollouts.logp_roll[rollouts.response_mask > 0]
+    if not torch.isfinite(logp).all():
+        bad = int((~torch.isfinite(logp)).sum())
+        raise RuntimeError(f"rollout engine {engine!r} returned {bad} non-finite log-probs (NaN/inf) for sampled "
+                           "tokens; check the model's weights and the engine's dtype/quantization")
+    return rollouts

@@ -9,15 +9,14 @@ from (``logp_roll``).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from grpoplus.rollout.base import ENGINES, Rollouts, SamplingParams
+from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
+from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 
-SAMPLER_PRECISIONS = ("fp32", "bf16_rounded")
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -29,13 +28,6 @@ def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -
     if not ids:
         raise ValueError("the tokenizer defines no eos_token_id: set tokenizer.eos_token (needed to end responses)")
     return sorted(ids)
-
-
-def round_to_bf16_(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """Copy ``src``'s parameters into ``dst``, rounded to bfloat16 and stored back in float32."""
-    with torch.no_grad():
-        for p_dst, p_src in zip(dst.parameters(), src.parameters(), strict=True):
-            p_dst.copy_(p_src.detach().to(torch.bfloat16).to(p_dst.dtype))
 
 
 def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torch.Tensor:
@@ -109,37 +101,33 @@ class HFEngine:
             ``past_key_values``); its device is used.
         tokenizer: its tokenizer; prompts are tokenised with its own special tokens
             (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
-        sampler_precision: ``"fp32"`` samples with the learner's module itself (no copy,
-            ``sync_weights`` is a no-op); ``"bf16_rounded"`` samples with a private copy
-            whose weights are rounded to bfloat16 (stored in float32), emulating a
-            low-precision inference engine so the sampler/learner mismatch is real.
-        max_batch_size: largest number of rows decoded at once (``None``: all ``B * G``).
+        options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
+            learner's module itself, or a bf16-rounded or int8 copy made again at every sync);
+            ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
-                 sampler_precision: str = "fp32", max_batch_size: int | None = None):
-        if sampler_precision not in SAMPLER_PRECISIONS:
-            raise ValueError(f"sampler_precision={sampler_precision!r}; choose one of: {', '.join(SAMPLER_PRECISIONS)}")
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                 options: EngineOptions = EngineOptions()):
+        check_quantization(options.quantization, next(model.parameters()).device)
+        if options.max_num_seqs is not None and options.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 or None, got {options.max_num_seqs}")
         self.tokenizer = tokenizer
-        self.sampler_precision = sampler_precision
-        self.max_batch_size = max_batch_size
+        self.quantization = options.quantization
+        self.max_batch_size = options.max_num_seqs
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = stop_token_ids(model, tokenizer)
-        if sampler_precision == "fp32":
-            self.model = model
-        else:
-            self.model = copy.deepcopy(model)
-            self.model.requires_grad_(False)
-            round_to_bf16_(self.model, model)
+        self.version = 0
+        self.model = sampler_model(model, self.quantization)
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Load the learner's weights: shares ``model`` in fp32, copies and rounds in bf16_rounded."""
-        if self.sampler_precision == "fp32":
-            self.model = model
-        else:
-            round_to_bf16_(self.model, model)
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Load the learner's weights: share ``model`` itself, or make a new low-precision copy of it."""
+        self.model = sampler_model(model, self.quantization)
+        self.version = version
+
+    def close(self) -> None:
+        """Nothing to release: the engine lives in the learner's process."""
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
                  generator: torch.Generator | None = None) -> Rollouts:
@@ -167,6 +155,7 @@ class HFEngine:
             response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=torch.cat([p[3] for p in parts]).to(cpu),
             group_ids=torch.arange(len(prompts)).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
+            policy_version=self.version,
         )
 
 
@@ -192,18 +181,3 @@ def pad_right(parts: list[torch.Tensor], fill: float) -> torch.Tensor:
     """Concatenate [n_i, T_i] tensors along rows, right-padding each to the largest T_i."""
     width = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
-
-
-def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:
-    """Reject a bad request with a message naming the field (instead of a failure deep in the loop)."""
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError("prompts must be a non-empty list of strings")
-    if prompt_index is not None and len(prompt_index) != len(prompts):
-        raise ValueError(f"prompt_index has {len(prompt_index)} entries for {len(prompts)} prompts")
-    if params.n < 1 or params.max_new_tokens < 1:
-        raise ValueError(f"SamplingParams.n and max_new_tokens must be >= 1, got n={params.n}, "
-                         f"max_new_tokens={params.max_new_tokens}")
-    if not params.greedy and params.temperature <= 0:
-        raise ValueError(f"SamplingParams.temperature must be > 0 (greedy=True for argmax), got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")

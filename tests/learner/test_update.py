@@ -5,7 +5,10 @@ import copy
 import torch
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.learner.update import MetricAccumulator, TrainBatch, minibatch_rows, optimizer_step
+from grpoplus.containers import TrainBatch
+from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.update import minibatch_rows, optimizer_step
+from grpoplus.metrics.step import reduce_metrics
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
@@ -30,7 +33,8 @@ def _grads_after_step(model, batch, algo, micro):
     captured = {}
     hooks = [p.register_post_accumulate_grad_hook(lambda p: captured.__setitem__(p, p.grad.clone()))
              for p in model.parameters()]
-    optimizer_step(model, opt, batch, algo, temperature=1.0, micro_batch_size=micro, max_grad_norm=1e9)
+    mode = "forward" if batch.logp_old is None else "recompute"
+    optimizer_step(model, opt, batch, algo, LearnerPlan(1.0, micro, 1e9, mode))
     for h in hooks:
         h.remove()
     return [captured[p] for p in model.parameters() if p in captured]
@@ -59,14 +63,13 @@ def test_non_finite_loss_skips_the_step_and_keeps_weights():
     batch = _batch(tok)
     batch.advantages[0] = float("nan")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    metrics, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
-                                         micro_batch_size=4, max_grad_norm=1.0)
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=4, max_grad_norm=1.0, logp_old="recompute")
+    metrics, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), plan)
     assert not stepped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not opt.state  # AdamW moments untouched too
     batch.advantages[0] = 1.0
-    _, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), temperature=1.0,
-                                   micro_batch_size=4, max_grad_norm=1.0)
+    _, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("dapo"), plan)
     assert stepped and any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -77,11 +80,10 @@ def test_minibatches_keep_groups_whole():
 
 
 def test_metric_accumulator_weights_means_and_keeps_extremes():
-    acc = MetricAccumulator()
-    acc.add({"loss/ratio_mean": 1.0, "loss/ratio_max": 2.0, "mismatch/is_weight_min": 0.5}, weight=1)
-    acc.add({"loss/ratio_mean": 4.0, "loss/ratio_max": 1.5, "mismatch/is_weight_min": 0.7}, weight=3)
+    parts = [({"loss/ratio_mean": 1.0, "loss/ratio_max": 2.0, "mismatch/is_weight_min": 0.5}, 1.0),
+             ({"loss/ratio_mean": 4.0, "loss/ratio_max": 1.5, "mismatch/is_weight_min": 0.7}, 3.0)]
     # weighted mean (1*1 + 4*3) / 4 = 3.25; max of maxima; min of minima
-    assert acc.result() == {"loss/ratio_mean": 3.25, "loss/ratio_max": 2.0, "mismatch/is_weight_min": 0.5}
+    assert reduce_metrics(parts) == {"loss/ratio_mean": 3.25, "loss/ratio_max": 2.0, "mismatch/is_weight_min": 0.5}
 
 
 def test_logp_old_from_the_training_forward_equals_a_recompute_pass():

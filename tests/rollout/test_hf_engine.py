@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
-from grpoplus.rollout import ENGINES, HFEngine, SamplingParams
+from grpoplus.rollout import ENGINES, EngineOptions, HFEngine, SamplingParams
 from grpoplus.rollout.sampling import top_p_filter
 
 
@@ -153,7 +153,7 @@ def test_max_batch_size_chunks_give_the_same_rollouts(model, tok, prompts, favou
     favour_eos(model, 3.0)
     params = SamplingParams(n=3, greedy=True, max_new_tokens=8)
     whole = HFEngine(model, tok).generate(prompts, params)
-    chunked = HFEngine(model, tok, max_batch_size=5).generate(prompts, params)
+    chunked = HFEngine(model, tok, EngineOptions(max_num_seqs=5)).generate(prompts, params)
     assert torch.equal(whole.response_ids, chunked.response_ids)
     assert torch.equal(whole.finished, chunked.finished)
     torch.testing.assert_close(whole.logp_roll, chunked.logp_roll, atol=1e-5, rtol=0)
@@ -170,7 +170,7 @@ def test_fp32_engine_shares_the_learner_and_restores_its_mode(model, tok, prompt
 def test_bf16_rounded_engine_mismatch_and_sync(model, tok, prompts):
     # (g) A bf16-rounded sampler disagrees with the fp32 learner (the mismatch the corrections act
     # on), and sync_weights follows the learner's updates.
-    engine = HFEngine(model, tok, sampler_precision="bf16_rounded")
+    engine = HFEngine(model, tok, EngineOptions(quantization="bf16_rounded"))
     assert engine.model is not model
     params = SamplingParams(n=4, max_new_tokens=8)
     r = engine.generate(prompts, params, generator=seeded(7))
@@ -183,14 +183,14 @@ def test_bf16_rounded_engine_mismatch_and_sync(model, tok, prompts):
             p.add_(0.05 * torch.randn_like(p))
     rounded = lambda p: p.to(torch.bfloat16).float()  # noqa: E731
     assert not all(torch.equal(q, rounded(p)) for p, q in zip(model.parameters(), engine.model.parameters()))
-    engine.sync_weights(model)
+    engine.sync_weights(model, version=1)
     assert all(torch.equal(q, rounded(p)) for p, q in zip(model.parameters(), engine.model.parameters()))
     assert not all(torch.equal(q, p) for p, q in zip(model.parameters(), engine.model.parameters()))
 
 
 def test_bad_requests_name_the_problem(model, tok, prompts):
-    with pytest.raises(ValueError, match="sampler_precision"):
-        HFEngine(model, tok, sampler_precision="fp8")
+    with pytest.raises(ValueError, match="quantization"):
+        HFEngine(model, tok, EngineOptions(quantization="fp8"))
     engine = HFEngine(model, tok)
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(prompts, SamplingParams(top_p=0.0))

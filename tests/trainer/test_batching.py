@@ -1,8 +1,9 @@
-"""Per-step bookkeeping of the batch assembly."""
+"""Per-step bookkeeping of collection: data order and the combination of sampling rounds."""
 
 import torch
 
-from grpoplus.batching import PromptSampler, combine_rounds
+from grpoplus.metrics.step import reduce_metrics
+from grpoplus.prompts import PromptSampler
 from grpoplus.tasks.base import Example, is_correct, reward_fields
 
 
@@ -11,7 +12,7 @@ def test_reward_metrics_of_all_sampling_rounds_count():
     # a fraction averages, (0.25 + 0.75) / 2 = 0.5.
     rounds = [{"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/math/none_frac": 0.25},
               {"reward/errors": 1.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.75}]
-    assert combine_rounds(rounds) == {"reward/errors": 3.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.5}
+    assert reduce_metrics((r, 32.0) for r in rounds) == {"reward/errors": 3.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.5}
 
 
 def test_reward_fields_and_verdict():

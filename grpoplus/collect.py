@@ -1,0 +1,86 @@
+"""Collection: prompts -> rollouts -> scored groups, with the group filters of ALGORITHMS.md section 6.
+
+One call draws ``prompts_per_step`` prompts, samples ``G`` responses each with the rollout
+engine, scores them, and applies the group filter:
+
+- dynamic sampling (DAPO): drop groups whose rewards are all equal and draw again until
+  ``prompts_per_step`` groups with spread are kept or ``max_rounds`` rounds are spent;
+- zero-variance filtering: drop those groups, no refill;
+- none: keep every group.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus import algo as A
+from grpoplus.containers import Collected, SamplingParams, ScoredGroups
+from grpoplus.metrics.step import reduce_metrics
+from grpoplus.prompts import PromptSampler
+from grpoplus.rollout.base import check_rollouts
+
+
+@dataclass(frozen=True)
+class CollectPlan:
+    """How collection draws and filters, decided once from the config."""
+
+    params: SamplingParams
+    prompts_per_step: int
+    group_filter: str  # "dynamic" | "zero_variance" | "none"
+    max_rounds: int  # sampling rounds per step (1 unless dynamic sampling)
+    pad_id: int
+
+    @classmethod
+    def from_algo(cls, algo: A.AlgoConfig, params: SamplingParams, prompts_per_step: int, pad_id: int):
+        group_filter = "dynamic" if algo.dynamic_sampling else "zero_variance" if algo.zero_variance_filter else "none"
+        max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
+        return cls(params, prompts_per_step, group_filter, max_rounds, pad_id)
+
+
+def collect(engine, sampler: PromptSampler, examples: list, scorer, plan: CollectPlan,
+            generator: torch.Generator) -> Collected:
+    """Sample, score and filter one rollout batch (see the module docstring)."""
+    kept: list[ScoredGroups] = []
+    drawn: list[ScoredGroups] = []
+    round_metrics: list[tuple[dict, float]] = []
+    times = {"time/rollout_s": 0.0, "time/reward_s": 0.0}
+    while len(drawn) < plan.max_rounds and (not drawn or sum(k.num_groups for k in kept) < plan.prompts_per_step):
+        idx = sampler.next(plan.prompts_per_step)
+        t0 = time.perf_counter()
+        rollouts = check_rollouts(engine.generate([examples[i].prompt for i in idx], plan.params, prompt_index=idx,
+                                                  generator=generator), len(idx), plan.params, engine.name)
+        t1 = time.perf_counter()
+        scored, metrics = scorer(rollouts)
+        times["time/rollout_s"] += t1 - t0
+        times["time/reward_s"] += time.perf_counter() - t1
+        drawn.append(scored)
+        round_metrics.append((metrics, float(len(scored.rewards))))
+        scored = _filter(scored, plan.group_filter)
+        if scored is not None:
+            kept.append(scored)
+    batch = _first_groups(ScoredGroups.concat(kept, plan.pad_id), plan.prompts_per_step) if kept else None
+    groups_drawn = len(drawn) * plan.prompts_per_step
+    metrics = reduce_metrics(round_metrics)
+    metrics.update(times)
+    metrics.update({"sampling/rounds": float(len(drawn)), "sampling/groups_drawn": float(groups_drawn),
+                    "sampling/groups_kept": float(batch.num_groups if batch else 0),
+                    "sampling/kept_frac": (batch.num_groups if batch else 0) / groups_drawn})
+    return Collected(batch, drawn, metrics)
+
+
+def _filter(scored: ScoredGroups, group_filter: str) -> ScoredGroups | None:
+    """The groups with reward spread (or all of them when there is no filter); None if none is left."""
+    if group_filter == "none":
+        return scored
+    keep = A.dynamic_sampling_keep(scored.rewards, scored.rollouts.group_ids)
+    return scored.select(torch.nonzero(keep).squeeze(1)) if keep.any() else None
+
+
+def _first_groups(scored: ScoredGroups, max_groups: int) -> ScoredGroups:
+    """DAPO trains on exactly B groups: the first ``max_groups`` of the kept ones."""
+    if scored.num_groups <= max_groups:
+        return scored
+    return scored.select(torch.nonzero(scored.rollouts.group_ids < max_groups).squeeze(1))

@@ -1,0 +1,175 @@
+"""The typed hand-offs of one training step, in the order the data flows:
+
+    prompts -> Rollouts -> ScoredGroups -> Collected -> TrainBatch -> UpdateResult
+
+Every stage imports its input and output types from here and from nowhere else, so a
+stage can move to another process (a rollout worker, a learner rank) without dragging
+the others along. Tensors live on the CPU; the learner moves what it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 8  # responses per prompt (the group size G)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    greedy: bool = False  # temperature 0: argmax decoding, logp_roll of the argmax token at temperature 1
+    seed: int | None = None  # engines without a torch.Generator (vLLM) seed their sampler with this
+
+
+@dataclass
+class Rollouts:
+    """G responses for each of B prompts; N = B * G rows, groups contiguous. Tensors on the CPU.
+
+    Prompts are left-padded to P columns, responses right-padded to T columns, so that
+    ``torch.cat([prompt_ids, response_ids], 1)`` is the learner's input.
+    """
+
+    prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad id
+    prompt_mask: torch.Tensor  # [N, P] long, 1 on real prompt tokens
+    response_ids: torch.Tensor  # [N, T] long, right-padded with the pad id
+    response_mask: torch.Tensor  # [N, T] float, 1 on sampled tokens (EOS included when sampled)
+    logp_roll: torch.Tensor  # [N, T] float32, sampler log-prob of each sampled token (0 on padding)
+    finished: torch.Tensor  # [N] bool, True when the response ended with EOS (False: cut by the length limit)
+    group_ids: torch.Tensor  # [N] long, index of the prompt in this batch
+    texts: list[str]  # [N] decoded responses (special tokens stripped)
+    prompt_index: list[int]  # [B] caller-given ids of the prompts (e.g. data positions)
+    policy_version: int = 0  # learner version whose weights sampled these rows (optimizer steps so far)
+    routing: torch.Tensor | None = None  # [N, P + T, L, k] long: the sampler's MoE expert choices, or None
+
+    @property
+    def lengths(self) -> torch.Tensor:  # [N] long
+        return self.response_mask.sum(1).long()
+
+    def select(self, rows: torch.Tensor) -> "Rollouts":
+        """The given row indices (whole groups expected), group ids renumbered 0..B'-1."""
+        rows = rows.long()
+        uniq, new_groups = torch.unique(self.group_ids[rows], return_inverse=True)
+        return Rollouts(
+            prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
+            response_ids=self.response_ids[rows], response_mask=self.response_mask[rows],
+            logp_roll=self.logp_roll[rows], finished=self.finished[rows], group_ids=new_groups,
+            texts=[self.texts[i] for i in rows.tolist()], prompt_index=[self.prompt_index[g] for g in uniq.tolist()],
+            policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows])
+
+    @staticmethod
+    def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
+        """Stack several rollout batches (e.g. dynamic-sampling rounds): prompts re-left-padded,
+        responses re-right-padded to the widest part, group ids offset so groups stay distinct.
+        The result carries the oldest policy version of its parts."""
+        if len(parts) == 1:
+            return parts[0]
+        width_p = max(p.prompt_ids.shape[1] for p in parts)
+        width_t = max(p.response_ids.shape[1] for p in parts)
+        offsets = torch.tensor([0] + [len(p.prompt_index) for p in parts[:-1]]).cumsum(0).tolist()
+        return Rollouts(
+            prompt_ids=torch.cat([_pad(p.prompt_ids, width_p, pad_id, left=True) for p in parts]),
+            prompt_mask=torch.cat([_pad(p.prompt_mask, width_p, 0, left=True) for p in parts]),
+            response_ids=torch.cat([_pad(p.response_ids, width_t, pad_id) for p in parts]),
+            response_mask=torch.cat([_pad(p.response_mask, width_t, 0.0) for p in parts]),
+            logp_roll=torch.cat([_pad(p.logp_roll, width_t, 0.0) for p in parts]),
+            finished=torch.cat([p.finished for p in parts]),
+            group_ids=torch.cat([p.group_ids + off for p, off in zip(parts, offsets)]),
+            texts=[t for p in parts for t in p.texts],
+            prompt_index=[i for p in parts for i in p.prompt_index],
+            policy_version=min(p.policy_version for p in parts),
+            routing=_concat_routing(parts, width_p, width_t),
+        )
+
+
+def _pad(x: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
+    """Pad dim 1 of ``x`` to ``width`` on the left or the right."""
+    extra = width - x.shape[1]
+    pad = (extra, 0) if left else (0, extra)
+    if x.dim() > 2:  # routing [N, S, L, k]: pad the sequence dim, which F.pad addresses from the end
+        pad = (0, 0, 0, 0) + pad
+    return torch.nn.functional.pad(x, pad, value=value)
+
+
+def _concat_routing(parts: list[Rollouts], width_p: int, width_t: int) -> torch.Tensor | None:
+    if any(p.routing is None for p in parts):
+        return None
+    out = []
+    for p in parts:
+        cut = p.prompt_ids.shape[1]  # routing columns are [prompt | response]
+        out.append(torch.cat([_pad(p.routing[:, :cut], width_p, 0, left=True),
+                              _pad(p.routing[:, cut:], width_t, 0)], 1))
+    return torch.cat(out)
+
+
+@dataclass
+class ScoredGroups:
+    """Rollouts with their rewards: ``rewards`` is the trained reward, the weighted sum of every
+    reward component (shaping such as the soft overlong punishment included)."""
+
+    rollouts: Rollouts
+    rewards: torch.Tensor  # [N] float32 total reward
+    correct: torch.Tensor  # [N] bool, the task verifier's verdict
+    components: dict[str, list]  # name -> [N] per-component rewards (None = does not apply)
+
+    def select(self, rows: torch.Tensor) -> "ScoredGroups":
+        idx = rows.tolist()
+        return ScoredGroups(self.rollouts.select(rows), self.rewards[rows], self.correct[rows],
+                            {k: [v[i] for i in idx] for k, v in self.components.items()})
+
+    @staticmethod
+    def concat(parts: list["ScoredGroups"], pad_id: int) -> "ScoredGroups":
+        if len(parts) == 1:
+            return parts[0]
+        return ScoredGroups(Rollouts.concat([p.rollouts for p in parts], pad_id),
+                            torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]),
+                            {k: [v for p in parts for v in p.components[k]] for k in parts[0].components})
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.rollouts.prompt_index)
+
+
+@dataclass
+class Collected:
+    """What collection hands to the learner: the groups to train on, and every group drawn."""
+
+    batch: ScoredGroups | None  # the groups to train on; None when every drawn group was filtered out
+    drawn: list[ScoredGroups]  # every sampling round of the step, for the step's metrics
+    metrics: dict[str, float]  # reward pipeline, sampling and timing metrics of the collection
+
+
+@dataclass
+class TrainBatch:
+    """Everything the learner's update needs for one rollout batch (N responses)."""
+
+    prompt_ids: torch.Tensor  # [N, P]
+    prompt_mask: torch.Tensor  # [N, P]
+    response_ids: torch.Tensor  # [N, T]
+    response_mask: torch.Tensor  # [N, T] tokens present (attention)
+    loss_mask: torch.Tensor  # [N, T] tokens that carry loss (after filters)
+    advantages: torch.Tensor  # [N] or [N, T]
+    logp_roll: torch.Tensor  # [N, T]
+    logp_old: torch.Tensor | None  # [N, T]; None exactly when the plan takes pi_old from the training forward
+    logp_ref: torch.Tensor | None  # [N, T]
+    group_ids: torch.Tensor  # [N]
+    routing: torch.Tensor | None = None  # [N, P + T, L, k] MoE expert choices replayed by every forward
+
+    def rows(self, idx: torch.Tensor) -> "TrainBatch":
+        return self._map(lambda x: x[idx.to(x.device)])
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return self._map(lambda x: x.to(device))
+
+    def _map(self, fn) -> "TrainBatch":
+        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else fn(x) for f in fields(self)})
+
+
+@dataclass
+class UpdateResult:
+    """What the update reports: metrics of every optimizer step, reduced, and the entropy it measured."""
+
+    metrics: dict[str, float]
+    entropy: torch.Tensor | None  # [N, T] token entropy, when the training forward measured it

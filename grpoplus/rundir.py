@@ -1,0 +1,80 @@
+"""The run directory: the one module that knows its layout.
+
+```
+RUN/
+  config.yaml          the resolved config
+  metrics.jsonl        one JSON object per step
+  samples.jsonl        a few completions per step with rewards
+  checkpoints/step-N/  model + trainer state (grpoplus.learner.checkpoint)
+  tb/                  TensorBoard event files
+  report/              PNG panels + index.html (grpoplus report)
+```
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the metrics reader imports this module and must stay free of torch
+    from grpoplus.containers import ScoredGroups
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+TB_DIR = "tb"
+REPORT_DIR = "report"
+OUTPUTS = (METRICS_FILE, SAMPLES_FILE, CHECKPOINTS_DIR, TB_DIR, REPORT_DIR)
+"""What a run writes; a directory holding any of these holds a run."""
+
+
+class RunDir:
+    """Paths of one run directory, and the few operations on it as a whole."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def samples(self) -> Path:
+        return self.root / SAMPLES_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT_DIR
+
+    def clear(self, overwrite: bool) -> None:
+        """Refuse to mix two runs in one directory; with ``overwrite`` delete the old run's outputs."""
+        existing = [name for name in OUTPUTS if (self.root / name).exists()]
+        if not existing:
+            return
+        if not overwrite:
+            raise ValueError(f"run directory {str(self.root)!r} already holds a run ({', '.join(existing)}); "
+                             f"continue it with `grpoplus train --resume {self.root}`, choose another --out, "
+                             "or pass overwrite=true to start it afresh")
+        for name in existing:
+            path = self.root / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    def write_samples(self, step: int, scored: "ScoredGroups", k: int) -> None:
+        """Append the first ``k`` completions of the step with their reward and verdict."""
+        r = scored.rollouts
+        with open(self.samples, "a") as handle:
+            for i in range(min(k, len(r.texts))):
+                handle.write(json.dumps({"step": step, "prompt_index": r.prompt_index[int(r.group_ids[i])],
+                                         "completion": r.texts[i], "reward": float(scored.rewards[i]),
+                                         "correct": bool(scored.correct[i]), "finished": bool(r.finished[i])}) + "\n")
