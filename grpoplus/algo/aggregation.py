@@ -41,11 +41,12 @@ class LossNorm:
     metrics: dict[str, float] = field(default_factory=dict)
     selected: Tensor | None = None
 
-    def rows(self, idx: Tensor) -> "LossNorm":
-        """The norm for a micro-batch of rows ``idx``: same denominators, its rows of ``selected``."""
+    def rows(self, idx: Tensor | slice) -> "LossNorm":
+        """The norm for a micro-batch of rows ``idx`` (index tensor or slice): same denominators, its rows of ``selected``."""
         if self.selected is None:
             return self
-        return dataclasses.replace(self, selected=self.selected[idx.to(self.selected.device)])
+        idx = idx if isinstance(idx, slice) else idx.to(self.selected.device)
+        return dataclasses.replace(self, selected=self.selected[idx])
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_len: int) -> "LossNorm":

@@ -370,6 +370,10 @@ class AlgoConfig:
             not (self.kl_estimator == "k3_is" and self.kl_placement == "in_reward"),
             "kl_estimator='k3_is' needs kl_placement='in_loss' (in_reward always uses k1)",
         )
+        need(
+            not (self.reward_aggregation == "gdpo" and self.beta > 0 and self.kl_placement == "in_reward"),
+            "reward_aggregation='gdpo' normalises reward components, not a summed reward: use kl_placement='in_loss'",
+        )
         need(self.ref_reset_every >= 0, f"ref_reset_every must be >= 0 (0 = never), got {self.ref_reset_every}")
         need(
             not (self.ref_reset_every > 0 and self.beta == 0),

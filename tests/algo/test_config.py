@@ -76,6 +76,7 @@ def test_bad_enum_names_key_and_allowed_values(key, value, allowed):
     (dict(rs_threshold=0.0), "rs_threshold"),
     (dict(rs_sum_threshold=-1.0), "rs_sum_threshold"),
     (dict(adv_whiten="token"), "adv_whiten='token' acts on an estimator that whitens"),
+    (dict(reward_aggregation="gdpo", beta=0.1, kl_placement="in_reward"), "use kl_placement='in_loss'"),
 ])
 def test_invalid_values_and_combinations(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -184,3 +185,9 @@ def test_every_field_has_a_docstring_for_help_config():
     assert set(docs) == set(AlgoConfig.field_names())
     assert all(len(d) > 20 for d in docs.values())
     assert "arXiv:2511.20347" in docs["tau_pos"] and "arXiv:2505.22312" in docs["entropy_adaptive"]
+
+
+def test_token_whitening_and_gdpo_are_valid_where_they_act():
+    assert AlgoConfig(adv_estimator="reinforce_pp", adv_whiten="token").adv_whiten == "token"
+    assert AlgoConfig(reward_aggregation="gdpo", adv_whiten="token").reward_aggregation == "gdpo"
+    assert AlgoConfig.preset("reinforce_pp", adv_whiten="token").updates_per_batch == 1

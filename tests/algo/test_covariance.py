@@ -133,7 +133,9 @@ def test_selection_needs_prepare_loss_and_rows_for_micro_batches():
     final, norm = prepare_loss(mask, logp_old, None, adv, cfg)
     with pytest.raises(ValueError, match=r"pass norm.rows\(idx\)"):
         policy_loss(logp[:2], logp_old[:2], adv[:2], final[:2], cfg, norm=norm)
-    policy_loss(logp[:2], logp_old[:2], adv[:2], final[:2], cfg, norm=norm.rows(torch.arange(2)))
+    a, _ = policy_loss(logp[:2], logp_old[:2], adv[:2], final[:2], cfg, norm=norm.rows(torch.arange(2)))
+    b, _ = policy_loss(logp[:2], logp_old[:2], adv[:2], final[:2], cfg, norm=norm.rows(slice(0, 2)))
+    assert a.item() == b.item()
     norm.selected = None
     with pytest.raises(ValueError, match="build norm with prepare_loss"):
         policy_loss(logp, logp_old, adv, final, cfg, norm=norm)
