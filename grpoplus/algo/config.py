@@ -281,7 +281,7 @@ class AlgoConfig:
             return []
         params = getattr(LOSSES.get(self.loss), "ratio_params", ())
         inert = [f"{p}={getattr(self, p)!r}" for p in params
-                 if getattr(self, p) is not None and not (p == "pg_cap" and self.pg_cap < 1)]
+                 if getattr(self, p, None) is not None and not (p == "pg_cap" and self.pg_cap < 1)]
         if self.beta > 0 and self.kl_placement == "in_loss" and getattr(KL_ESTIMATORS.get(self.kl_estimator),
                                                                          "ratio_dependent", False):
             inert.append(f"kl_estimator={self.kl_estimator!r}")

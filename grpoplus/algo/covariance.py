@@ -39,8 +39,8 @@ def clip_cov_select(advantages, logp, logp_old, mask, *, generator: torch.Genera
     """Clip-Cov: a random subset of the tokens with ``cov_lb < cov < cov_ub`` (tokens the PPO
     clip already stops are not candidates); its size is ``min(max(int(cov_ratio * n), 1), #candidates)``
     with ``n`` the unmasked tokens. The subset is the first ``k`` of ``randperm(#candidates,
-    generator)`` over the candidates in row-major order (as verl ``clip_cov``); ``generator``
-    None means a fresh generator seeded 0.
+    generator)`` over the candidates in row-major order (as verl ``clip_cov``); ``generator`` is a
+    CPU ``torch.Generator``, None means a fresh one seeded 0.
     """
     selected = torch.zeros_like(mask)
     n = int(mask.sum())
