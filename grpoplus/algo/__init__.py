@@ -5,21 +5,35 @@
     A = compute_advantages(rewards, group_ids, estimator="grpo")        # [N] -> [N]
     loss, metrics = policy_loss(logp, logp_old, A, mask, AlgoConfig.preset("dapo"))
 
+    A = compute_advantages_multi(components, group_ids, weights)        # GDPO: [N, K] -> [N]
+
 Everything is specified in ALGORITHMS.md; each estimator, loss, correction, KL estimator
 and aggregation is a pure function in a registry, so a user adds one with a decorator.
 """
 
-from grpoplus.algo.advantages import ADVANTAGES, compute_advantages, group_stats, process_advantages
+from grpoplus.algo.advantages import (
+    ADVANTAGES,
+    batch_whitened,
+    compute_advantages,
+    compute_advantages_multi,
+    group_stats,
+    process_advantages,
+    whiten_tokens,
+)
 from grpoplus.algo.aggregation import AGGREGATIONS, LossNorm, sequence_mean
 from grpoplus.algo.config import PRESETS, AlgoConfig
 from grpoplus.algo.core import (
     apply_mask_corrections,
     correction_weights,
-    prepare_loss,
     mismatch_metrics,
+    needs_token_selection,
     policy_loss,
+    prepare_loss,
+    select_tokens,
 )
 from grpoplus.algo.corrections import CORRECTIONS, Correction
+from grpoplus.algo.covariance import clip_cov_select, kl_cov_select, token_covariance
+from grpoplus.algo.entropy import EntropyControl
 from grpoplus.algo.filters import (
     dynamic_sampling_keep,
     gfpo_select,
@@ -28,8 +42,15 @@ from grpoplus.algo.filters import (
     soft_overlong_penalty,
     zero_variance_groups,
 )
-from grpoplus.algo.kl import KL_ESTIMATORS, kl_in_reward, reset_reference, should_reset_reference
-from grpoplus.algo.losses import LOSSES, per_sequence
+from grpoplus.algo.kl import (
+    KL_ESTIMATORS,
+    kl_in_reward,
+    reset_reference,
+    should_reset_reference,
+    soft_update_reference,
+    update_reference,
+)
+from grpoplus.algo.losses import LOSSES, per_sequence, ratio_dependent, selects_tokens
 
 __all__ = [
     "ADVANTAGES",
@@ -40,24 +61,37 @@ __all__ = [
     "PRESETS",
     "AlgoConfig",
     "Correction",
+    "EntropyControl",
     "LossNorm",
     "apply_mask_corrections",
+    "batch_whitened",
+    "clip_cov_select",
     "compute_advantages",
+    "compute_advantages_multi",
     "correction_weights",
     "dynamic_sampling_keep",
-    "prepare_loss",
     "gfpo_select",
     "group_stats",
     "high_entropy_mask",
+    "kl_cov_select",
     "kl_in_reward",
     "mismatch_metrics",
+    "needs_token_selection",
     "overlong_filter_mask",
     "per_sequence",
     "policy_loss",
+    "prepare_loss",
     "process_advantages",
+    "ratio_dependent",
     "reset_reference",
+    "select_tokens",
+    "selects_tokens",
     "sequence_mean",
     "should_reset_reference",
     "soft_overlong_penalty",
+    "soft_update_reference",
+    "token_covariance",
+    "update_reference",
+    "whiten_tokens",
     "zero_variance_groups",
 ]

@@ -6,7 +6,11 @@ Registry signature (``ADVANTAGES``)::
        eps: float) -> Tensor[N]
 
 ``compute_advantages`` maps arbitrary group ids to ``group_index``, works in float64 and
-removes dropped rows (``keep``) before calling the estimator.
+removes dropped rows (``keep``) before calling the estimator. An estimator marked with
+:func:`batch_whitened` returns its group stage only; ``compute_advantages`` then whitens it
+over the batch: over the responses (``(A - mean) / (std + eps)``), or over the valid tokens
+when a ``token_mask`` is given (REINFORCE++ as in its paper and verl). ``compute_advantages_multi``
+is GDPO: several reward components, each normalised within its group, summed, then whitened.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from grpoplus.registry import Registry
 
 AdvantageFn = Callable[[Tensor, Tensor, int, float], Tensor]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+
+# Variance floor of the token whitening, as verl's ``masked_whiten``: (x - mean) / sqrt(var + 1e-8).
+_TOKEN_WHITEN_VAR_EPS = 1e-8
+
+
+def batch_whitened(fn: AdvantageFn) -> AdvantageFn:
+    """Mark an estimator whose output ``compute_advantages`` whitens over the batch."""
+    fn.batch_whitened = True
+    return fn
 
 
 @ADVANTAGES.register("grpo")
@@ -65,13 +78,38 @@ def batch_std_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, 
 
 
 @ADVANTAGES.register("reinforce_pp")
+@batch_whitened
 def reinforce_pp_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
-    """``A = R - mean_g R``, then whitened over the batch: ``(A - mean_B A) / (std_B A + eps)``.
+    """``A = R - mean_g R``, then (in ``compute_advantages``) whitened over the batch.
 
-    Hu 2025, REINFORCE++ (arXiv:2501.03262), sec. 3 (the group-baseline variant).
+    Over responses: ``(A - mean_B A) / (std_B A + eps)``; over tokens (``token_mask`` given):
+    :func:`whiten_tokens`. Hu 2025, REINFORCE++ (arXiv:2501.03262), sec. 3 (the
+    group-baseline variant).
     """
-    centred = rewards - group_mean(rewards, group_index, num_groups)
-    return (centred - centred.mean()) / (batch_std(centred) + eps)
+    return rewards - group_mean(rewards, group_index, num_groups)
+
+
+def whiten_responses(adv: Tensor, eps: float) -> Tensor:
+    """``(A - mean A) / (std A + eps)`` over the responses (Bessel std).  [N] -> [N]."""
+    return (adv - adv.mean()) / (batch_std(adv) + eps)
+
+
+def whiten_tokens(adv: Tensor, token_mask: Tensor) -> Tensor:
+    """Whitening over the valid tokens: ``A_i`` counted ``|o_i|`` times.  adv [N], token_mask [N, T] -> [N, T].
+
+    ``mean = sum_i |o_i| A_i / n``, ``var = sum_i |o_i| (A_i - mean)^2 / (n - 1)`` (``n`` valid
+    tokens), ``A~_{i,t} = m_{i,t} (A_i - mean) / sqrt(var + 1e-8)`` (verl ``masked_whiten``);
+    all zero when ``n < 2``. REINFORCE++ (arXiv:2501.03262), sec. 3, whitens the token-level
+    advantages this way: a long response weighs more in the mean and the variance.
+    """
+    m = token_mask.to(torch.float64)
+    n = float(m.sum())
+    if n < 2:
+        return torch.zeros_like(m)
+    lengths = m.sum(dim=-1)  # [N]
+    mean = (lengths * adv).sum() / n
+    var = (lengths * (adv - mean) ** 2).sum() / (n - 1)
+    return ((adv - mean) / torch.sqrt(var + _TOKEN_WHITEN_VAR_EPS))[:, None] * m
 
 
 def _check_rewards(rewards: Tensor, group_ids: Tensor) -> None:
@@ -81,6 +119,25 @@ def _check_rewards(rewards: Tensor, group_ids: Tensor) -> None:
         )
 
 
+def _rows(keep: Tensor | None, rewards: Tensor) -> Tensor:
+    rows = torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device) if keep is None else keep.bool()
+    if rows.shape != rewards.shape[:1]:
+        raise ValueError(f"keep must have shape [N]={rewards.shape[0]}, got {tuple(rows.shape)}")
+    return rows
+
+
+def _finish(adv: Tensor, rows: Tensor, whiten: bool, eps: float, token_mask: Tensor | None) -> Tensor:
+    """Batch whitening of the kept rows (when ``whiten``), then [N] or, with ``token_mask``, [N, T]."""
+    if token_mask is None:
+        if whiten and bool(rows.any()):
+            adv[rows] = whiten_responses(adv[rows], eps)
+        return adv
+    if token_mask.dim() != 2 or token_mask.shape[0] != adv.shape[0]:
+        raise ValueError(f"token_mask must have shape [N={adv.shape[0]}, T], got {tuple(token_mask.shape)}")
+    tokens = token_mask.bool() & rows[:, None]
+    return whiten_tokens(adv, tokens) if whiten else adv[:, None] * tokens
+
+
 def compute_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -88,26 +145,68 @@ def compute_advantages(
     eps: float = 1e-6,
     *,
     keep: Tensor | None = None,
+    token_mask: Tensor | None = None,
 ) -> Tensor:
-    """One advantage per response.  rewards [N], group_ids [N] (any integers) -> [N].
+    """One advantage per response.  rewards [N], group_ids [N] (any integers) -> [N], or [N, T].
 
     Groups need not be contiguous or equal in size; a group of size 1 or with equal
     rewards gets advantage 0. ``keep`` [N] bool (optional) drops rows before any
-    statistic is taken (GFPO, filtered groups): dropped rows get advantage 0. Computed in
-    float64, returned in the rewards' dtype (float32 for integer rewards).
+    statistic is taken (GFPO, filtered groups): dropped rows get advantage 0.
+    ``token_mask`` [N, T] (optional): the result is per token, ``A_i`` on the valid tokens of
+    row i and 0 elsewhere, and the batch whitening of a :func:`batch_whitened` estimator runs
+    over those tokens instead of the responses (``AlgoConfig.adv_whiten="token"``).
+    Computed in float64, returned in the rewards' dtype (float32 for integer rewards).
     """
     _check_rewards(rewards, group_ids)
     fn = ADVANTAGES.get(estimator)
     out_dtype = rewards.dtype if rewards.dtype.is_floating_point else torch.float32
     adv = torch.zeros(rewards.shape, dtype=torch.float64, device=rewards.device)
-    rows = torch.ones_like(group_ids, dtype=torch.bool) if keep is None else keep.bool()
-    if rows.shape != rewards.shape:
-        raise ValueError(f"keep must have shape {tuple(rewards.shape)}, got {tuple(rows.shape)}")
-    if not bool(rows.any()):
-        return adv.to(out_dtype)
-    index, num_groups = dense_groups(group_ids[rows])
-    adv[rows] = fn(rewards[rows].detach().double(), index, num_groups, eps).double()
-    return adv.to(out_dtype)
+    rows = _rows(keep, rewards)
+    if bool(rows.any()):
+        index, num_groups = dense_groups(group_ids[rows])
+        adv[rows] = fn(rewards[rows].detach().double(), index, num_groups, eps).double()
+    return _finish(adv, rows, getattr(fn, "batch_whitened", False), eps, token_mask).to(out_dtype)
+
+
+def compute_advantages_multi(
+    components: Tensor,
+    group_ids: Tensor,
+    weights: Tensor | Sequence[float] | None = None,
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+    *,
+    keep: Tensor | None = None,
+    token_mask: Tensor | None = None,
+) -> Tensor:
+    """GDPO: each reward component normalised within its group, weighted, summed, then whitened.
+
+    components [N, K] (one column per reward), weights [K] (default 1), group_ids [N] -> [N]
+    (or [N, T] with ``token_mask``). Per component ``A_k = estimator(R_k)`` (its group stage for
+    a :func:`batch_whitened` estimator), ``A = sum_k w_k A_k``, then ``(A - mean A) / (std A + eps)``
+    over the responses, or :func:`whiten_tokens` over the valid tokens with ``token_mask``.
+    GDPO, Group reward-Decoupled Normalization Policy Optimization (arXiv:2601.05242): summing
+    first gives combinations with equal totals equal advantages and lets the component with
+    the widest spread dominate; normalising each component within its group first puts every
+    component on the same scale. With
+    ``estimator="grpo"`` and ``eps=1e-4`` this is TRL ``multi_objective_aggregation=
+    "normalize_then_sum"``; with ``token_mask`` and ``eps=1e-6`` it is verl ``gdpo``.
+    """
+    if components.dim() != 2 or components.shape[0] != group_ids.shape[0]:
+        raise ValueError(f"components must have shape [N={group_ids.shape[0]}, K], got {tuple(components.shape)}")
+    k = components.shape[1]
+    w = torch.ones(k, dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
+    if w.numel() != k:
+        raise ValueError(f"weights must have one entry per reward component ({k}), got {w.numel()}")
+    _check_rewards(components[:, 0], group_ids)
+    fn = ADVANTAGES.get(estimator)
+    out_dtype = components.dtype if components.dtype.is_floating_point else torch.float32
+    total = torch.zeros(components.shape[0], dtype=torch.float64, device=components.device)
+    rows = _rows(keep, components[:, 0])
+    if bool(rows.any()):
+        index, num_groups = dense_groups(group_ids[rows])
+        parts = [fn(components[rows, j].detach().double(), index, num_groups, eps).double() for j in range(k)]
+        total[rows] = sum(float(w[j]) * parts[j] for j in range(k))
+    return _finish(total, rows, True, eps, token_mask).to(out_dtype)
 
 
 def group_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, int]:

@@ -11,6 +11,7 @@ un-split batch (and so do the gradients). A fully masked response adds nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,8 @@ class LossNorm:
     responses N' with at least one unmasked token; ``max_len``: L_max (Dr. GRPO's constant).
     ``metrics``: the mask corrections' statistics, measured when the norm was computed
     (``prepare_loss``); ``policy_loss`` reports them with each micro-batch.
+    ``selected``: [N, T] bool token selection of a loss that needs one (Clip-Cov, KL-Cov),
+    made once over the whole mini-batch; hand a micro-batch ``norm.rows(idx)``.
     """
 
     tokens: float
@@ -36,6 +39,14 @@ class LossNorm:
     active_seqs: float
     max_len: float
     metrics: dict[str, float] = field(default_factory=dict)
+    selected: Tensor | None = None
+
+    def rows(self, idx: Tensor | slice) -> "LossNorm":
+        """The norm for a micro-batch of rows ``idx`` (index tensor or slice): same denominators, its rows of ``selected``."""
+        if self.selected is None:
+            return self
+        idx = idx if isinstance(idx, slice) else idx.to(self.selected.device)
+        return dataclasses.replace(self, selected=self.selected[idx])
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_len: int) -> "LossNorm":

@@ -1,8 +1,9 @@
-"""``AlgoConfig``: every switch of ALGORITHMS.md, validated once, plus the named recipes (section 9).
+"""``AlgoConfig``: every switch of ALGORITHMS.md, validated once, plus the named recipes (``presets.py``).
 
 Build one with ``AlgoConfig(...)``, ``AlgoConfig.from_dict(d)``, ``AlgoConfig.preset(name,
 **overrides)`` or ``cfg.replace(**overrides)``; all validate in ``__post_init__`` and raise
-``ValueError`` naming the key and the allowed values.
+``ValueError`` naming the key and the allowed values. Each field's docstring (the string
+after it) is what ``grpoplus train --help-config`` prints.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from grpoplus.algo.corrections import CORRECTIONS
 from grpoplus.algo.filters import overlong_cache_len
 from grpoplus.algo.kl import KL_ESTIMATORS
 from grpoplus.algo.losses import LOSSES
-from grpoplus.registry import Registry
+from grpoplus.algo.presets import PRESETS
 
-PRESETS: Registry[dict[str, Any]] = Registry("algorithm preset")
-
-_CHOICES = {"kl_placement": ("in_loss", "in_reward"), "gfpo_metric": ("length", "reward_per_token")}
+_CHOICES = {
+    "kl_placement": ("in_loss", "in_reward"),
+    "gfpo_metric": ("length", "reward_per_token"),
+    "adv_whiten": ("response", "token"),
+    "reward_aggregation": ("sum", "gdpo"),
+}
 _REGISTRIES = {"adv_estimator": ADVANTAGES, "loss": LOSSES, "aggregation": AGGREGATIONS, "kl_estimator": KL_ESTIMATORS}
-_OPTIONAL = {"dual_clip_c", "correction_low", "correction_high", "overlong_cache"}
+_OPTIONAL = {"dual_clip_c", "correction_low", "correction_high", "correction_cap_low", "overlong_cache", "rs_sum_threshold"}
 # Losses whose trust region is [1-eps_low, 1+eps_high] on the ratio: eps_low must stay below 1.
 _RATIO_CLIP_LOSSES = ("clip", "gspo", "gspo_token")
 
@@ -32,38 +36,149 @@ _RATIO_CLIP_LOSSES = ("clip", "gspo", "gspo_token")
 @dataclass(frozen=True)
 class AlgoConfig:
     """All algorithm switches (ALGORITHMS.md). Defaults: GRPO advantages, PPO clip 0.2,
-    token-mean aggregation, no KL, no correction, every sampling trick off."""
+    token-mean aggregation, no KL, no correction, every sampling trick off, one update per batch."""
 
-    adv_estimator: str = "grpo"  # section 1: grpo | dr_grpo | rloo | batch_std | reinforce_pp
-    adv_eps: float = 1e-6  # eps of the std division
-    loss: str = "clip"  # section 2: clip | gspo | gspo_token | gmpo | cispo | tis_pg | reinforce
-    eps_low: float = 0.2  # lower clip 1-eps_low (log space for gmpo)
-    eps_high: float = 0.2  # upper clip 1+eps_high; > eps_low is clip-higher (DAPO)
-    dual_clip_c: float | None = None  # dual clip for A<0 (Ye et al. 2020), c > 1; None = off
-    pg_cap: float = 2.0  # C of tis_pg
-    aggregation: str = "token_mean"  # section 3
-    max_len: int = 512  # L_max: max new tokens (Dr. GRPO denominator, overlong rules)
-    beta: float = 0.0  # KL coefficient; 0 skips the reference model entirely
-    kl_estimator: str = "k3"  # section 4: k1 | k2 | k3 | k3_is
-    kl_placement: str = "in_loss"  # in_loss | in_reward (in_reward always uses k1)
-    corrections: tuple[str, ...] = ()  # section 5, applied in order
-    correction_cap: float = 2.0  # C of tis_token / tis_seq
-    correction_low: float | None = 0.5  # C_low of mis_* / geo_mask; None = open
-    correction_high: float | None = 2.0  # C_high of mis_* / geo_mask; None = open
-    v32_mask_delta: float = 0.1  # delta of deepseek_v32_mask
-    dynamic_sampling: bool = False  # section 6: DAPO over-sample and refill
-    max_sampling_rounds: int = 3  # generation rounds dynamic sampling may spend per step
-    zero_variance_filter: bool = False  # drop all-equal groups without refill
-    overlong_filter: bool = False  # m = 0 for responses cut by the length limit
-    overlong_shaping: bool = False  # DAPO soft overlong punishment added to the reward
-    overlong_cache: int | None = None  # L_cache; None = max(1, max_len // 4)
-    gfpo_keep: int = 0  # GFPO: k responses kept per group; 0 = off
-    gfpo_metric: str = "length"  # length (shortest) | reward_per_token (highest)
-    entropy_mask_rho: float = 1.0  # top-rho entropy tokens carry loss; 1.0 = off
-    ref_reset_every: int = 0  # ProRL reference reset every N optimizer steps; 0 = never
-    ref_reset_optimizer: bool = False  # also clear the optimizer state at a reset
-    num_iterations: int = 1  # section 7: passes over each rollout batch
-    num_minibatches: int = 1  # optimizer steps per pass
+    # -- section 1: advantages ----------------------------------------------------------------
+    adv_estimator: str = "grpo"
+    """Advantage estimator (section 1): grpo (DeepSeekMath, arXiv:2402.03300) | dr_grpo (Dr. GRPO,
+    arXiv:2503.20783) | rloo (arXiv:2402.14740) | batch_std (Lite PPO, arXiv:2508.08221) |
+    reinforce_pp (REINFORCE++, arXiv:2501.03262) | a name registered in ADVANTAGES."""
+    adv_eps: float = 1e-6
+    """eps of the std divisions of the estimators and of the batch whitening over responses; > 0."""
+    adv_whiten: str = "response"
+    """Population of the batch whitening of reinforce_pp and of GDPO: response (each response
+    counts once) | token (each valid token counts once, as the REINFORCE++ paper, arXiv:2501.03262,
+    and verl: a long response weighs more; advantages become [N, T])."""
+    reward_aggregation: str = "sum"
+    """How several reward components become advantages: sum (the weighted total, then the
+    estimator) | gdpo (each component normalised within its group by the estimator, weighted sum,
+    then batch-whitened; GDPO, arXiv:2601.05242)."""
+
+    # -- section 2: the policy loss -------------------------------------------------------------
+    loss: str = "clip"
+    """Per-token policy loss (sections 2, 10): clip | gspo | gspo_token | gmpo | cispo | tis_pg |
+    tis_pg_seq | reinforce | sapo | dppo_tv | dppo_kl | clip_cov | kl_cov | a name registered in LOSSES."""
+    eps_low: float = 0.2
+    """Lower trust-region width, >= 0: ratio clip 1-eps_low for clip/gspo/gspo_token (< 1 there;
+    PPO, arXiv:1707.06347), clip_cov and cispo; log-space bound for gmpo; the TV / binary-KL threshold
+    for A <= 0 of dppo_tv/dppo_kl (DPPO, arXiv:2602.04879)."""
+    eps_high: float = 0.2
+    """Upper trust-region width, >= 0: ratio clip 1+eps_high (eps_high > eps_low is clip-higher,
+    DAPO, arXiv:2503.14476); log-space bound for gmpo; the threshold for A > 0 of dppo_tv/dppo_kl."""
+    dual_clip_c: float | None = None
+    """Dual clip for A < 0 of clip, gspo, gspo_token, clip_cov: the loss is capped at -c*A
+    (Ye et al. 2020, arXiv:1912.09729); > 1, None = off."""
+    pg_cap: float = 2.0
+    """Truncation C of the truncated-IS policy-gradient losses, > 0: tis_pg (token ratio),
+    tis_pg_seq (sequence ratio), dppo_tv/dppo_kl (verl's clip_ratio_c; 20 in the DPPO preset)
+    (IMPALA, arXiv:1802.01561)."""
+    tau_pos: float = 1.0
+    """SAPO gate temperature for A > 0 (SAPO, arXiv:2511.20347: 1.0); > 0."""
+    tau_neg: float = 1.05
+    """SAPO gate temperature for A <= 0 (SAPO: 1.05; a larger tau makes the gradient of an
+    off-policy token fade faster); > 0."""
+    cov_ratio: float = 2e-4
+    """Fraction of the batch's tokens restrained by clip_cov (a random subset of the candidates)
+    or kl_cov (the largest covariances), in (0, 1] (Cui et al., arXiv:2505.22617: 2e-4 Clip-Cov,
+    2e-3 KL-Cov at 7B)."""
+    cov_lb: float = 1.0
+    """clip_cov: a candidate token's covariance must exceed this (the paper's recipe: 1.0)."""
+    cov_ub: float = 5.0
+    """clip_cov: ...and stay below this (recipe: 5.0); > cov_lb."""
+    kl_cov_coef: float = 1.0
+    """kl_cov: coefficient of the |log r| penalty on the selected tokens (recipe: 1.0); >= 0."""
+    aggregation: str = "token_mean"
+    """Loss aggregation (section 3): token_mean (DAPO) | seq_mean_token_mean (GRPO) |
+    seq_mean_token_sum_norm (Dr. GRPO) | seq_mean_token_sum | a name registered in AGGREGATIONS."""
+    max_len: int = 512
+    """L_max, the max new tokens (the Dr. GRPO denominator, the overlong rules); >= 1. The
+    trainer sets it to rollout.max_new_tokens unless given."""
+
+    # -- entropy bonus ----------------------------------------------------------------------------
+    entropy_coef: float = 0.0
+    """Entropy bonus: -c * agg(H) is added to the loss (same aggregation as the policy term);
+    c >= 0, 0 = off; with entropy_adaptive, the starting c (TRL entropy_coef)."""
+    entropy_adaptive: bool = False
+    """Adapt c after every optimizer step toward entropy_target (Skywork-OR1, arXiv:2505.22312;
+    TRL use_adaptive_entropy): c += delta when the entropy is at or below the target, else c -= delta;
+    the bonus applies only while the last entropy is at or below the target."""
+    entropy_target: float = 0.2
+    """Target token-mean entropy in nats of adaptive control (Skywork-OR1: 0.2); >= 0."""
+    entropy_coef_delta: float = 0.005
+    """Step of c per optimizer step under adaptive control (Skywork-OR1: 0.005); > 0."""
+    entropy_coef_min: float = 0.0
+    """Lower bound of c under adaptive control; >= 0."""
+    entropy_coef_max: float = 1.0
+    """Upper bound of c under adaptive control; >= entropy_coef_min."""
+
+    # -- section 4: KL to the reference ---------------------------------------------------------
+    beta: float = 0.0
+    """KL coefficient, >= 0; 0 skips the reference model entirely (not loaded, not run)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator (Schulman 2020): k1 | k2 | k3 (DeepSeekMath) | k3_is (DeepSeek-V3.2,
+    unbiased off-policy; needs in_loss) | a name registered in KL_ESTIMATORS."""
+    kl_placement: str = "in_loss"
+    """in_loss (beta * aggregated KL added to the loss) | in_reward (R - beta * sum k1, InstructGPT)."""
+    ref_reset_every: int = 0
+    """Period N of the reference update: every N steps pi_ref <- a*pi + (1-a)*pi_ref with
+    a = ref_update_alpha (ProRL's reset when a = 1, arXiv:2505.24864); 0 = never; needs beta > 0."""
+    ref_update_alpha: float = 1.0
+    """a of the reference update, in (0, 1]: 1 = ProRL's hard reset; < 1 = the TR-DPO soft update
+    (arXiv:2404.09656; TRL ref_model_mixup_alpha, 0.6 there)."""
+    ref_reset_optimizer: bool = False
+    """Also clear the optimizer state at a hard reset (ProRL); needs ref_update_alpha = 1."""
+
+    # -- section 5: training-inference mismatch ---------------------------------------------------
+    corrections: tuple[str, ...] = ()
+    """Rollout corrections, applied in order (section 5): tis_token | tis_seq | mis_token | mis_seq |
+    geo_mask | deepseek_v32_mask | rs_token_k2 | rs_token_k3 | rs_seq_{sum,mean,max}_{k2,k3} | a name
+    registered in CORRECTIONS. A list or a comma-separated string."""
+    correction_cap: float = 2.0
+    """C (upper bound) of tis_token / tis_seq (Yao et al. 2025, TIS); > 0."""
+    correction_cap_low: float | None = None
+    """C_min (lower bound) of tis_token / tis_seq: w clamped to [C_min, C]; in (0, C], None = no
+    lower bound (TRL vllm_importance_sampling_clip_min)."""
+    correction_low: float | None = 0.5
+    """C_low of mis_token / mis_seq / geo_mask: tokens or responses with w below are dropped; None = open."""
+    correction_high: float | None = 2.0
+    """C_high of mis_token / mis_seq / geo_mask; None = open."""
+    v32_mask_delta: float = 0.1
+    """delta of deepseek_v32_mask: drop a negative-advantage response whose mean log(mu / pi) exceeds it."""
+    rs_threshold: float = 0.01
+    """Upper bound of the per-token-scale k2/k3 divergence between the sampler and pi_old in
+    rs_token_*, rs_seq_mean_*, rs_seq_max_* (verl rollout_rs_threshold; 0.01 is verl's seq_mean_k3
+    default); > 0."""
+    rs_sum_threshold: float | None = None
+    """Upper bound of the summed k2/k3 of a response in rs_seq_sum_* (whole-response scale); > 0;
+    required by those corrections."""
+
+    # -- section 6: sampling-side tricks --------------------------------------------------------
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (arXiv:2503.14476): over-sample and refill until the batch holds groups
+    with reward spread."""
+    max_sampling_rounds: int = 3
+    """Generation rounds dynamic sampling may spend per step; >= 1."""
+    zero_variance_filter: bool = False
+    """Drop groups whose rewards are all equal, without refill (Reinforce-Rej, arXiv:2504.11343)."""
+    overlong_filter: bool = False
+    """m = 0 for responses cut by the length limit (DAPO overlong filtering)."""
+    overlong_shaping: bool = False
+    """DAPO soft overlong punishment added to the reward."""
+    overlong_cache: int | None = None
+    """L_cache of the soft overlong punishment, in [1, max_len]; None = max(1, max_len // 4)."""
+    gfpo_keep: int = 0
+    """GFPO (arXiv:2508.09726): k responses kept per group; 0 = off; below rollout.group_size."""
+    gfpo_metric: str = "length"
+    """GFPO ranking: length (the shortest) | reward_per_token (the highest)."""
+    entropy_mask_rho: float = 1.0
+    """Only the top-rho entropy tokens carry loss (Beyond the 80/20 rule, arXiv:2506.01939); in (0, 1], 1.0 = off."""
+
+    # -- section 7: updates per batch ------------------------------------------------------------
+    num_iterations: int = 1
+    """Passes over each rollout batch; >= 1."""
+    num_minibatches: int = 1
+    """Optimizer steps per pass (groups stay whole); >= 1, at most rollout.prompts_per_step. With one
+    iteration and one mini-batch r = 1 exactly and every ratio-dependent rule is inert (inert_switches)."""
 
     def __post_init__(self):
         if isinstance(self.corrections, str):
@@ -96,7 +211,7 @@ class AlgoConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "AlgoConfig":
-        """A named recipe of ALGORITHMS.md section 9, with optional overrides."""
+        """A named recipe of ALGORITHMS.md sections 9-10, with optional overrides."""
         base = dict(PRESETS.get(name))
         cls._check_keys(overrides)
         base.update(overrides)
@@ -128,11 +243,54 @@ class AlgoConfig:
         """L_cache of the soft overlong punishment."""
         return overlong_cache_len(self.max_len, self.overlong_cache)
 
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer steps per rollout batch: ``num_iterations * num_minibatches``."""
+        return self.num_iterations * self.num_minibatches
+
+    @property
+    def entropy_bonus(self) -> bool:
+        """True when the loss needs the token entropy with its gradient."""
+        return self.entropy_coef != 0 or self.entropy_adaptive
+
     def loss_kwargs(self) -> dict[str, Any]:
-        return {"eps_low": self.eps_low, "eps_high": self.eps_high, "dual_clip_c": self.dual_clip_c, "pg_cap": self.pg_cap}
+        return {"eps_low": self.eps_low, "eps_high": self.eps_high, "dual_clip_c": self.dual_clip_c, "pg_cap": self.pg_cap,
+                "tau_pos": self.tau_pos, "tau_neg": self.tau_neg, "cov_ratio": self.cov_ratio, "cov_lb": self.cov_lb,
+                "cov_ub": self.cov_ub, "kl_cov_coef": self.kl_cov_coef}
 
     def correction_kwargs(self) -> dict[str, Any]:
-        return {"cap": self.correction_cap, "low": self.correction_low, "high": self.correction_high, "delta": self.v32_mask_delta}
+        return {"cap": self.correction_cap, "cap_low": self.correction_cap_low, "low": self.correction_low,
+                "high": self.correction_high, "delta": self.v32_mask_delta, "rs_threshold": self.rs_threshold,
+                "rs_sum_threshold": self.rs_sum_threshold}
+
+    # -- update structure (section 7) ---------------------------------------------------------
+
+    def clipping_can_act(self, pi_old_is_sampler: bool = False) -> bool:
+        """Whether any ratio-dependent rule (clip eps, dual clip, gspo/gmpo clip, cispo cap, tis_pg
+        caps, DPPO region, SAPO gate, KL-Cov penalty, k3_is ratio) can act.
+
+        With one update per batch ``pi_theta == pi_old`` at the update, so ``r = 1`` exactly and
+        none can; with ``updates_per_batch > 1`` the later updates move away from ``pi_old``.
+        ``pi_old_is_sampler``: ``learner.logp_old=rollout`` (the ratio is against the sampler's
+        ``mu``), where the rules act on the training-inference mismatch even with one update.
+        """
+        return self.updates_per_batch > 1 or pi_old_is_sampler
+
+    def inert_switches(self, pi_old_is_sampler: bool = False) -> list[str]:
+        """``key=value`` of the configured switches that cannot act (``clipping_can_act`` is False), else [].
+
+        The trainer prints them as a one-line notice. Rollout corrections are never listed: they
+        act on the sampler-vs-learner mismatch, which exists with one update too.
+        """
+        if self.clipping_can_act(pi_old_is_sampler):
+            return []
+        params = getattr(LOSSES.get(self.loss), "ratio_params", ())
+        inert = [f"{p}={getattr(self, p)!r}" for p in params
+                 if getattr(self, p, None) is not None and not (p == "pg_cap" and self.pg_cap < 1)]
+        if self.beta > 0 and self.kl_placement == "in_loss" and getattr(KL_ESTIMATORS.get(self.kl_estimator),
+                                                                         "ratio_dependent", False):
+            inert.append(f"kl_estimator={self.kl_estimator!r}")
+        return inert
 
     # -- validation -------------------------------------------------------------------------
 
@@ -167,6 +325,9 @@ class AlgoConfig:
                 raise ValueError(
                     f"AlgoConfig.corrections: unknown correction {name!r}; choose from: {', '.join(CORRECTIONS.names())}"
                 )
+            for param in getattr(CORRECTIONS.get(name), "needs", ()):
+                if self.correction_kwargs()[param] is None:
+                    raise ValueError(f"AlgoConfig.corrections: {name!r} needs {param} (set it to a number)")
         if len(set(self.corrections)) != len(self.corrections):
             raise ValueError(f"AlgoConfig.corrections lists a correction twice: {list(self.corrections)}")
 
@@ -176,23 +337,73 @@ class AlgoConfig:
                 raise ValueError(f"AlgoConfig.{msg}")
 
         need(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        need(
+            self.adv_whiten == "response" or self.reward_aggregation == "gdpo"
+            or getattr(ADVANTAGES.get(self.adv_estimator), "batch_whitened", False),
+            f"adv_whiten='token' acts on an estimator that whitens over the batch (reinforce_pp) or with "
+            f"reward_aggregation='gdpo'; adv_estimator={self.adv_estimator!r} does neither",
+        )
         need(self.eps_low >= 0 and self.eps_high >= 0, f"eps_low/eps_high must be >= 0, got {self.eps_low}/{self.eps_high}")
         if self.loss in _RATIO_CLIP_LOSSES:
             need(self.eps_low < 1, f"eps_low must be < 1 for loss={self.loss!r} (ratio clip 1-eps_low), got {self.eps_low}")
         need(self.dual_clip_c is None or self.dual_clip_c > 1, f"dual_clip_c must be > 1 (or None = off), got {self.dual_clip_c}")
         need(self.pg_cap > 0, f"pg_cap must be > 0, got {self.pg_cap}")
+        need(self.tau_pos > 0 and self.tau_neg > 0, f"tau_pos/tau_neg must be > 0, got {self.tau_pos}/{self.tau_neg}")
+        need(0 < self.cov_ratio <= 1, f"cov_ratio must be in (0, 1], got {self.cov_ratio}")
+        need(self.cov_lb < self.cov_ub, f"cov_lb ({self.cov_lb}) must be < cov_ub ({self.cov_ub})")
+        need(self.kl_cov_coef >= 0, f"kl_cov_coef must be >= 0, got {self.kl_cov_coef}")
         need(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
+        self._check_entropy(need)
+        self._check_reference(need)
+        self._check_corrections(need)
+        self._check_sampling(need)
+        need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
+        need(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
+
+    def _check_entropy(self, need) -> None:
+        need(self.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus), got {self.entropy_coef}")
+        need(self.entropy_target >= 0, f"entropy_target must be >= 0, got {self.entropy_target}")
+        need(self.entropy_coef_delta > 0, f"entropy_coef_delta must be > 0, got {self.entropy_coef_delta}")
+        need(0 <= self.entropy_coef_min <= self.entropy_coef_max,
+             f"entropy_coef_min/max must satisfy 0 <= min <= max, got {self.entropy_coef_min}/{self.entropy_coef_max}")
+        need(not self.entropy_adaptive or self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max,
+             f"entropy_coef={self.entropy_coef} must lie in [entropy_coef_min, entropy_coef_max] with entropy_adaptive")
+
+    def _check_reference(self, need) -> None:
         need(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
         need(
             not (self.kl_estimator == "k3_is" and self.kl_placement == "in_reward"),
             "kl_estimator='k3_is' needs kl_placement='in_loss' (in_reward always uses k1)",
         )
+        need(
+            not (self.reward_aggregation == "gdpo" and self.beta > 0 and self.kl_placement == "in_reward"),
+            "reward_aggregation='gdpo' normalises reward components, not a summed reward: use kl_placement='in_loss'",
+        )
+        need(self.ref_reset_every >= 0, f"ref_reset_every must be >= 0 (0 = never), got {self.ref_reset_every}")
+        need(
+            not (self.ref_reset_every > 0 and self.beta == 0),
+            "ref_reset_every > 0 needs beta > 0 (with beta = 0 there is no reference model to reset)",
+        )
+        need(0 < self.ref_update_alpha <= 1, f"ref_update_alpha must be in (0, 1], got {self.ref_update_alpha}")
+        need(self.ref_update_alpha == 1 or self.ref_reset_every > 0,
+             f"ref_update_alpha={self.ref_update_alpha} needs ref_reset_every > 0 (the period of the soft update)")
+        need(not (self.ref_reset_optimizer and self.ref_update_alpha < 1),
+             "ref_reset_optimizer goes with the hard reset (ref_update_alpha = 1), not with a soft update")
+
+    def _check_corrections(self, need) -> None:
         need(self.correction_cap > 0, f"correction_cap must be > 0, got {self.correction_cap}")
+        need(self.correction_cap_low is None or 0 < self.correction_cap_low <= self.correction_cap,
+             f"correction_cap_low must be in (0, correction_cap={self.correction_cap}] or None, got {self.correction_cap_low}")
         need(self.correction_low is None or self.correction_low >= 0, f"correction_low must be >= 0, got {self.correction_low}")
         need(
             self.correction_low is None or self.correction_high is None or self.correction_low <= self.correction_high,
             f"correction_low ({self.correction_low}) must be <= correction_high ({self.correction_high})",
         )
+        need(self.rs_threshold > 0, f"rs_threshold must be > 0, got {self.rs_threshold}")
+        need(self.rs_sum_threshold is None or self.rs_sum_threshold > 0,
+             f"rs_sum_threshold must be > 0 or None, got {self.rs_sum_threshold}")
+
+    def _check_sampling(self, need) -> None:
         need(self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         need(
             not (self.dynamic_sampling and self.zero_variance_filter),
@@ -204,34 +415,3 @@ class AlgoConfig:
         )
         need(self.gfpo_keep >= 0, f"gfpo_keep must be >= 0 (0 = off), got {self.gfpo_keep}")
         need(0 < self.entropy_mask_rho <= 1, f"entropy_mask_rho must be in (0, 1], got {self.entropy_mask_rho}")
-        need(self.ref_reset_every >= 0, f"ref_reset_every must be >= 0 (0 = never), got {self.ref_reset_every}")
-        need(
-            not (self.ref_reset_every > 0 and self.beta == 0),
-            "ref_reset_every > 0 needs beta > 0 (with beta = 0 there is no reference model to reset)",
-        )
-        need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
-        need(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
-
-
-# -- section 9: named recipes --------------------------------------------------------------
-
-PRESETS.add("grpo", dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.2,
-                         aggregation="seq_mean_token_mean", kl_estimator="k3", kl_placement="in_loss", beta=0.04))
-PRESETS.add("dapo", dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.28, aggregation="token_mean",
-                         dynamic_sampling=True, overlong_shaping=True, beta=0.0))
-PRESETS.add("dr_grpo", dict(adv_estimator="dr_grpo", loss="clip", eps_low=0.2, eps_high=0.2,
-                            aggregation="seq_mean_token_sum_norm", beta=0.0))
-PRESETS.add("gspo", dict(adv_estimator="grpo", loss="gspo", eps_low=3e-4, eps_high=4e-4,
-                         aggregation="seq_mean_token_mean", beta=0.0))
-PRESETS.add("gmpo", dict(adv_estimator="grpo", loss="gmpo", eps_low=0.4, eps_high=0.4, beta=0.0))
-PRESETS.add("cispo", dict(adv_estimator="grpo", loss="cispo", eps_low=1.0, eps_high=4.0, aggregation="token_mean", beta=0.0))
-PRESETS.add("rloo", dict(adv_estimator="rloo"))
-PRESETS.add("reinforce_pp", dict(adv_estimator="reinforce_pp"))
-PRESETS.add("lite_ppo", dict(adv_estimator="batch_std", aggregation="token_mean"))
-PRESETS.add("olmo3", dict(adv_estimator="dr_grpo", loss="clip", eps_low=0.2, eps_high=0.28, aggregation="token_mean",
-                          dynamic_sampling=True, corrections=("tis_token",), beta=0.0))
-PRESETS.add("deepseek_v32", dict(adv_estimator="dr_grpo", loss="clip", eps_low=0.2, eps_high=0.2, kl_estimator="k3_is",
-                                 kl_placement="in_loss", beta=1e-3, corrections=("deepseek_v32_mask",)))
-PRESETS.add("prorl", dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.4, kl_estimator="k3",
-                          kl_placement="in_loss", beta=1e-4, ref_reset_every=200, ref_reset_optimizer=True))
-PRESETS.add("gfpo", dict(PRESETS.get("grpo"), gfpo_keep=4, gfpo_metric="length"))  # keep 4 of the group (8 by default; the paper keeps 8 of 16)

@@ -1,16 +1,18 @@
 """``policy_loss``: the facade that composes the registered pure functions.
 
-    mask corrections (in order) -> final mask -> LossNorm
-    per-token loss x correction weights -> aggregation  (+ beta * aggregated KL)
+    mask corrections (in order) -> final mask -> LossNorm (+ the loss's token selection)
+    per-token loss x correction weights -> aggregation
+        (+ beta * aggregated KL) (- c * aggregated entropy)
 
 It never branches on a registered name: a per-response loss says so with its
-``per_sequence`` attribute, a correction says what it does by returning a weight, a
-keep-mask, or both.
+``per_sequence`` attribute, a loss that needs a batch-level token selection (Clip-Cov,
+KL-Cov) with its ``token_selector``, a correction says what it does by returning a
+weight, a keep-mask, or both.
 
 Gradient accumulation: call :func:`prepare_loss` once per optimizer step on the
-whole mini-batch, then ``policy_loss(..., mask=final_mask[rows], norm=norm)`` on each
-micro-batch: the micro-batch losses then sum to the whole-batch loss (and so do the
-gradients), for every aggregation.
+whole mini-batch, then ``policy_loss(..., mask=final_mask[rows], norm=norm.rows(rows))``
+on each micro-batch: the micro-batch losses then sum to the whole-batch loss (and so do
+the gradients), for every aggregation.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def correction_weights(
 def mismatch_metrics(logp_old: Tensor, logp_roll: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Rollout-vs-learner mismatch on the unmasked tokens (ALGORITHMS.md section 5).
 
-    ``k1``/``k3`` estimate ``KL(mu || pi_old)`` with samples from ``mu``:
-    ``l = logp_roll - logp_old``, ``k3 = exp(-l) - 1 + l``; ``is_weight`` is ``w = exp(-l)``.
+    ``k1``/``k2``/``k3`` estimate ``KL(mu || pi_old)`` with samples from ``mu``:
+    ``l = logp_roll - logp_old``, ``k2 = l^2 / 2``, ``k3 = exp(-l) - 1 + l``; ``is_weight`` is ``w = exp(-l)``.
     """
     old, roll = logp_old.double(), logp_roll.double()
     log_ratio = torch.where(mask, roll - old, torch.zeros_like(old))
@@ -89,11 +91,26 @@ def mismatch_metrics(logp_old: Tensor, logp_roll: Tensor, mask: Tensor) -> dict[
         "mismatch/abs_p_diff_mean": masked_mean(p_diff, mask),
         "mismatch/abs_p_diff_max": masked_max(p_diff, mask),
         "mismatch/k1": masked_mean(log_ratio, mask),
+        "mismatch/k2": masked_mean(0.5 * log_ratio**2, mask),
         "mismatch/k3": masked_mean(weight - 1 + log_ratio, mask),
         "mismatch/is_weight_min": masked_min(weight, mask),
         "mismatch/is_weight_mean": masked_mean(weight, mask),
         "mismatch/is_weight_max": masked_max(weight, mask),
     }
+
+
+def needs_token_selection(cfg: AlgoConfig) -> bool:
+    """True when ``cfg.loss`` selects tokens once per optimizer step (Clip-Cov, KL-Cov): it needs pi_old first."""
+    return getattr(LOSSES.get(cfg.loss), "token_selector", None) is not None
+
+
+def select_tokens(cfg: AlgoConfig, advantages: Tensor, logp_sel: Tensor, logp_old: Tensor, mask: Tensor,
+                  generator: torch.Generator | None) -> Tensor | None:
+    """The token selection of ``cfg.loss`` (None when it needs none).  All [N, T], no grad; mask bool."""
+    selector = getattr(LOSSES.get(cfg.loss), "token_selector", None)
+    if selector is None:
+        return None
+    return selector(advantages, logp_sel, logp_old, mask, generator=generator, **cfg.loss_kwargs())
 
 
 def prepare_loss(
@@ -105,17 +122,20 @@ def prepare_loss(
     *,
     finished: Tensor | None = None,
     entropy: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, LossNorm]:
     """The normalisation hook: call ONCE per optimizer step on the whole mini-batch.
 
     Applies, in this order, the overlong filter (when ``cfg.overlong_filter`` and
     ``finished`` [N] is given), the high-entropy mask (when ``cfg.entropy_mask_rho < 1``
-    and ``entropy`` [N, T] is given) and every masking correction of ``cfg.corrections``.
-    ``deepseek_v32_mask`` uses ``logp_old`` in place of ``sg[logp]``: at the start of a
-    mini-batch they are equal. ``logp_old`` may be None only when no correction is on (pi_old
-    then comes from the training forward). Returns the final bool mask [N, T] and the global
-    :class:`LossNorm` (call ``norm.all_reduce()`` under data parallelism). All inputs are
-    no-grad; ``advantages`` is [N] or [N, T].
+    and ``entropy`` [N, T] is given) and every masking correction of ``cfg.corrections``;
+    then makes the token selection of a loss that needs one (Clip-Cov's random subset draws
+    from ``generator``; pass one seeded per optimizer step so a resumed run draws the same).
+    ``deepseek_v32_mask`` and the selection use ``logp_old`` in place of ``sg[logp]``: on the
+    first update of a batch they are equal. ``logp_old`` may be None only when neither is on
+    (pi_old then comes from the training forward). Returns the final bool mask [N, T] and the global
+    :class:`LossNorm` (call ``norm.all_reduce()`` under data parallelism; pass a micro-batch
+    ``norm.rows(idx)``). All inputs are no-grad; ``advantages`` is [N] or [N, T].
     """
     mask = mask.bool()
     if cfg.overlong_filter and finished is not None:
@@ -123,19 +143,22 @@ def prepare_loss(
     if cfg.entropy_mask_rho < 1.0 and entropy is not None:
         mask = high_entropy_mask(entropy, mask, cfg.entropy_mask_rho)
     metrics: dict[str, Tensor] = {}
+    if logp_old is None:
+        if cfg.corrections or needs_token_selection(cfg):
+            raise ValueError(f"corrections {list(cfg.corrections)} / loss {cfg.loss!r} need logp_old before the "
+                             "update: recompute it (learner.logp_old=recompute)")
+        return mask, LossNorm.from_mask(mask, cfg.max_len)
+    dtype = work_dtype(logp_old)
+    old = _clean(logp_old.detach(), mask, dtype)
+    adv = _token_advantages(advantages.detach(), mask.shape).to(dtype)
     if cfg.corrections:
         roll = _require_roll(logp_roll, cfg)
-        if logp_old is None:
-            raise ValueError(f"corrections {list(cfg.corrections)} need logp_old before the update: "
-                             "recompute it (learner.logp_old=recompute)")
-        dtype = work_dtype(logp_old)
-        old = _clean(logp_old.detach(), mask, dtype)
-        adv = _token_advantages(advantages.detach(), mask.shape).to(dtype)
         mask, metrics = apply_mask_corrections(
             cfg.corrections, mask, old, old, _clean(roll.detach(), mask, dtype), adv, cfg.correction_kwargs()
         )
     norm = LossNorm.from_mask(mask, cfg.max_len)
     norm.metrics = {k: float(v) for k, v in metrics.items()}
+    norm.selected = select_tokens(cfg, adv, old, old, mask, generator)
     return mask, norm
 
 
@@ -171,21 +194,29 @@ def policy_loss(
     logp_ref: Tensor | None = None,
     *,
     norm: LossNorm | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The policy loss of ``cfg`` and its metrics (ALGORITHMS.md sections 2-5).
+    """The policy loss of ``cfg`` and its metrics (ALGORITHMS.md sections 2-5 and 10).
 
     logp [N, T] (with grad); logp_old, logp_roll, logp_ref, mask [N, T] (no grad);
     advantages [N] or [N, T]. Any float dtype; the loss is computed in at least float32.
 
-    ``norm=None``: the batch is one micro-batch; the masking corrections run here (the
-    v32 mask with ``sg[logp]``) and the denominators come from the resulting mask.
-    ``norm`` given: ``mask`` must be the final mask from :func:`prepare_loss`
-    (masks are not applied again) and the denominators are the global ones in ``norm``.
+    ``norm=None``: the batch is one micro-batch; the masking corrections and the loss's token
+    selection run here (with ``sg[logp]``; Clip-Cov draws from ``generator``) and the
+    denominators come from the resulting mask. ``norm`` given: ``mask`` must be the final mask
+    from :func:`prepare_loss` (masks are not applied again), ``norm`` its ``norm.rows(idx)`` for
+    the micro-batch, and the denominators are the global ones in ``norm``.
+    ``entropy`` [N, T] (with grad): the token entropy; the bonus ``-c * agg(H)`` is added, with
+    the policy term's aggregation and denominators and ``c = entropy_coef`` (default
+    ``cfg.entropy_coef``; required with ``cfg.entropy_adaptive``, from :class:`EntropyControl`).
     Returns ``(loss, metrics)``; metrics are floats with the keys listed in README.md, section The algorithm core.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [N, T], got {tuple(logp.shape)}")
-    for name, x in (("mask", mask), ("logp_old", logp_old), ("logp_roll", logp_roll), ("logp_ref", logp_ref)):
+    for name, x in (("mask", mask), ("logp_old", logp_old), ("logp_roll", logp_roll), ("logp_ref", logp_ref),
+                    ("entropy", entropy)):
         _check_like(name, x, logp.shape)
     mask_b, dtype = mask.bool(), work_dtype(logp)
     adv = _token_advantages(advantages, logp.shape).detach().to(dtype)
@@ -196,26 +227,15 @@ def policy_loss(
     ref = None if logp_ref is None else _clean(logp_ref.detach(), mask_b, dtype)
     stats: dict[str, Tensor] = {}
     with torch.no_grad():
-        if roll is not None:
-            stats.update(mismatch_metrics(old, roll, mask_b))
-        if cfg.corrections:
-            _require_roll(roll, cfg)
-        if norm is None:
-            mask_b, mask_stats = apply_mask_corrections(
-                cfg.corrections, mask_b, cur.detach(), old, roll, adv, cfg.correction_kwargs()
-            )
-            stats.update(mask_stats)
-            norm = LossNorm.from_mask(mask_b, cfg.max_len)
-        else:
-            stats.update({k: torch.tensor(v, dtype=torch.float64) for k, v in norm.metrics.items()})
-        weight, weight_stats = correction_weights(cfg.corrections, mask_b, cur.detach(), old, roll, adv, cfg.correction_kwargs())
-        stats.update(weight_stats)
+        mask_b, norm, weight = _masks_weights_norm(cur.detach(), old, roll, adv, mask_b, norm, cfg, generator, stats)
     m = mask_b.to(dtype)
     pg = _policy_term(cur, old, adv, mask_b, m, weight, norm, cfg, stats)
     kl, kl_stats = _kl_term(cur, old, ref, mask_b, m, norm, cfg)
-    total = pg + kl
+    bonus, entropy_stats = _entropy_term(entropy, mask_b, m, norm, cfg, entropy_coef)
+    total = pg + kl + bonus
     with torch.no_grad():
         stats.update(kl_stats)
+        stats.update(entropy_stats)
         stats.update(_ratio_metrics(cur, old, mask_b))
         stats.update({"loss/policy": pg.detach(), "loss/total": total.detach()})
     keys = list(stats)
@@ -223,10 +243,43 @@ def policy_loss(
     return total, dict(zip(keys, values))
 
 
+def _masks_weights_norm(cur, old, roll, adv, mask_b, norm, cfg, generator, stats):
+    """Mismatch metrics; the final mask, norm and token selection (here, or checked from ``norm``);
+    the correction weights. Returns ``(mask, norm, weight)`` and fills ``stats``."""
+    if roll is not None:
+        stats.update(mismatch_metrics(old, roll, mask_b))
+    if cfg.corrections:
+        _require_roll(roll, cfg)
+    if norm is None:
+        mask_b, mask_stats = apply_mask_corrections(cfg.corrections, mask_b, cur, old, roll, adv, cfg.correction_kwargs())
+        stats.update(mask_stats)
+        norm = LossNorm.from_mask(mask_b, cfg.max_len)
+        norm.selected = select_tokens(cfg, adv, cur, old, mask_b, generator)
+    else:
+        stats.update({k: torch.tensor(v, dtype=torch.float64) for k, v in norm.metrics.items()})
+        _check_selection(norm, cfg, mask_b.shape)
+    weight, weight_stats = correction_weights(cfg.corrections, mask_b, cur, old, roll, adv, cfg.correction_kwargs())
+    stats.update(weight_stats)
+    return mask_b, norm, weight
+
+
+def _check_selection(norm: LossNorm, cfg: AlgoConfig, shape: torch.Size) -> None:
+    if getattr(LOSSES.get(cfg.loss), "token_selector", None) is None:
+        return
+    if norm.selected is None:
+        raise ValueError(f"loss={cfg.loss!r} selects tokens once per optimizer step: build norm with prepare_loss")
+    if norm.selected.shape != shape:
+        raise ValueError(f"norm.selected covers {tuple(norm.selected.shape)} but the micro-batch is {tuple(shape)}: "
+                         "pass norm.rows(idx) with the micro-batch's row indices")
+
+
 def _policy_term(cur, old, adv, mask_b, m, weight, norm, cfg, stats) -> Tensor:
     """Registered loss x correction weights, aggregated; adds the loss's stats as ``loss/*``."""
     loss_fn = LOSSES.get(cfg.loss)
-    loss, loss_stats = loss_fn(cur, old, adv, m, **cfg.loss_kwargs())
+    kwargs = cfg.loss_kwargs()
+    if norm.selected is not None:
+        kwargs["selected"] = norm.selected.to(mask_b.device) & mask_b
+    loss, loss_stats = loss_fn(cur, old, adv, m, **kwargs)
     stats.update({f"loss/{k}": v for k, v in loss_stats.items()})
     if getattr(loss_fn, "per_sequence", False):
         if weight is not None:  # per-response loss: geometric mean of the token weights (section 5)
@@ -237,6 +290,28 @@ def _policy_term(cur, old, adv, mask_b, m, weight, norm, cfg, stats) -> Tensor:
         loss = loss * weight
     loss = torch.where(mask_b, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
     return AGGREGATIONS.get(cfg.aggregation)(loss, m, norm)
+
+
+def _entropy_term(entropy, mask_b, m, norm, cfg, coef) -> tuple[Tensor, dict[str, Tensor]]:
+    """``-c * agg(H)`` with the policy term's aggregation and norm (not weighted by corrections);
+    metrics ``loss/entropy`` (token mean of H), ``loss/entropy_coef``, ``loss/entropy_bonus``."""
+    zero = torch.zeros((), dtype=m.dtype, device=m.device)
+    if entropy is None:
+        if cfg.entropy_bonus:
+            raise ValueError(f"entropy_coef={cfg.entropy_coef} / entropy_adaptive={cfg.entropy_adaptive} need "
+                             "entropy= the token entropy [N, T] with its gradient")
+        return zero, {}
+    if coef is None:
+        if cfg.entropy_adaptive:
+            raise ValueError("entropy_adaptive=True needs entropy_coef= EntropyControl.applied_coef")
+        coef = cfg.entropy_coef
+    h = torch.where(mask_b, entropy.to(m.dtype), zero)
+    bonus = -coef * AGGREGATIONS.get(cfg.aggregation)(h, m, norm) if coef != 0 else zero
+    return bonus, {
+        "loss/entropy": masked_mean(h.detach(), mask_b),
+        "loss/entropy_coef": torch.tensor(float(coef), dtype=torch.float64),
+        "loss/entropy_bonus": bonus.detach(),
+    }
 
 
 def _ratio_metrics(cur: Tensor, old: Tensor, mask: Tensor) -> dict[str, Tensor]:

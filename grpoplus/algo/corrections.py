@@ -7,20 +7,26 @@ multiplies the policy term only, never the KL term.
 
 Registry signature (``CORRECTIONS``)::
 
-    fn(mask, logp_cur, logp_old, logp_roll, advantages, *, cap, low, high, delta)
+    fn(mask, logp_cur, logp_old, logp_roll, advantages, **params)
         -> Correction(weight, keep, stats)
+
+``params`` are ``AlgoConfig.correction_kwargs()`` (``cap``, ``cap_low``, ``low``, ``high``,
+``delta``, ``rs_threshold``, ``rs_sum_threshold``); a correction names the ones it reads and
+takes ``**_`` for the rest. :func:`needs` marks parameters that must not be None.
 
 All tensors [N, T], no grad; ``mask`` is bool; ``logp_cur`` is ``sg[logp]`` (or
 ``logp_old`` when the mask is computed once per mini-batch, see ``core.py``). ``weight``
 [N, T] multiplies the policy loss (None: no weight); ``keep`` [N, T] bool is ANDed into the
 mask (None: masks nothing); ``stats`` maps a suffix to a 0-dim tensor reported as
-``correction/<name>/<suffix>``. ``low``/``high`` may be None (open bound).
+``correction/<name>/<suffix>``. ``low``/``high``/``cap_low`` may be None (open bound).
 
 Sources: TIS - Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
 Off-Policy RL Training" (blog); MIS, sequence-level IS and the geometric-mean mask -
 Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
 Training-Inference Mismatch" (blog); the V3.2 mask - DeepSeek-V3.2 technical report
-(2025), "off-policy sequence masking".
+(2025), "off-policy sequence masking"; the lower TIS bound - TRL
+``vllm_importance_sampling_clip_min``; the k2/k3 rejection masks - verl ``rollout_rs``
+(``token_k2/k3``, ``seq_sum/mean/max_k2/k3``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,19 @@ class Correction(NamedTuple):
 
 CorrectionFn = Callable[..., Correction]
 CORRECTIONS: Registry[CorrectionFn] = Registry("correction")
+
+# verl's safety bound on the log-ratio inside the k2/k3 rejection statistics.
+_RS_LOG_BOUND = 20.0
+
+
+def needs(*params: str) -> Callable[[CorrectionFn], CorrectionFn]:
+    """Mark the parameters a correction cannot run without (``AlgoConfig`` checks them)."""
+
+    def mark(fn: CorrectionFn) -> CorrectionFn:
+        fn.needs = params
+        return fn
+
+    return mark
 
 
 def log_is_weight(logp_old: Tensor, logp_roll: Tensor, mask: Tensor) -> Tensor:
@@ -71,44 +90,58 @@ def _row_mask(mask: Tensor, row_ok: Tensor) -> Correction:
     return Correction(None, keep, stats)
 
 
+def _truncate(log_w: Tensor, cap: float, cap_low: float | None) -> Tensor:
+    """``clamp(w, C_low, C)`` computed in log space; ``cap_low`` None = no lower bound."""
+    return torch.exp(log_w.clamp(min=_log_low(cap_low), max=math.log(cap)))
+
+
+def _log_low(cap_low: float | None) -> float:
+    return -math.inf if cap_low is None else math.log(cap_low)
+
+
 @CORRECTIONS.register("tis_token")
-def tis_token(mask, logp_cur, logp_old, logp_roll, advantages, *, cap, low=None, high=None, delta=None):
-    """Token-level truncated IS: multiply by ``min(w_{i,t}, C)``."""
+def tis_token(mask, logp_cur, logp_old, logp_roll, advantages, *, cap, cap_low=None, **_):
+    """Token-level truncated IS: multiply by ``clamp(w_{i,t}, C_low, C)`` (``C_low`` None: ``min(w, C)``)."""
     log_w = log_is_weight(logp_old, logp_roll, mask)
-    weight = torch.exp(log_w.clamp(max=math.log(cap)))
-    return Correction(weight, None, {"clipped_frac": fraction(mask & (log_w > math.log(cap)), mask)})
+    stats = {
+        "clipped_frac": fraction(mask & (log_w > math.log(cap)), mask),
+        "clipped_low_frac": fraction(mask & (log_w < _log_low(cap_low)), mask),
+    }
+    return Correction(_truncate(log_w, cap, cap_low), None, stats)
 
 
 @CORRECTIONS.register("tis_seq")
-def tis_seq(mask, logp_cur, logp_old, logp_roll, advantages, *, cap, low=None, high=None, delta=None):
-    """Sequence-level truncated IS: ``w_i = exp(sum_t m log w_{i,t})``; multiply row i by ``min(w_i, C)``."""
+def tis_seq(mask, logp_cur, logp_old, logp_roll, advantages, *, cap, cap_low=None, **_):
+    """Sequence-level truncated IS: ``w_i = exp(sum_t m log w_{i,t})``; multiply row i by ``clamp(w_i, C_low, C)``."""
     log_w_seq = row_sum(log_is_weight(logp_old, logp_roll, mask), mask)  # [N]
-    weight = torch.exp(log_w_seq.clamp(max=math.log(cap)))[:, None].expand_as(logp_old)
+    weight = _truncate(log_w_seq, cap, cap_low)[:, None].expand_as(logp_old)
     over = (log_w_seq > math.log(cap))[:, None] & mask
+    under = (log_w_seq < _log_low(cap_low))[:, None] & mask
     active_rows = mask.any(dim=-1)
     stats = {
         "clipped_frac": fraction(over, mask),
         "clipped_seq_frac": fraction(active_rows & over.any(dim=-1), active_rows),
+        "clipped_low_frac": fraction(under, mask),
     }
     return Correction(weight, None, stats)
 
 
 @CORRECTIONS.register("mis_token")
-def mis_token(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=None, low, high, delta=None):
+def mis_token(mask, logp_cur, logp_old, logp_roll, advantages, *, low, high, **_):
     """Token-level masked IS: zero ``m_{i,t}`` where ``w_{i,t}`` is outside ``[low, high]``."""
     keep = _inside(log_is_weight(logp_old, logp_roll, mask), low, high)
     return Correction(None, keep, {"masked_frac": fraction(mask & ~keep, mask)})
 
 
 @CORRECTIONS.register("mis_seq")
-def mis_seq(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=None, low, high, delta=None):
+def mis_seq(mask, logp_cur, logp_old, logp_roll, advantages, *, low, high, **_):
     """Sequence-level masked IS: drop response i where ``w_i = prod_t w_{i,t}`` is outside ``[low, high]``."""
     log_w_seq = row_sum(log_is_weight(logp_old, logp_roll, mask), mask)  # [N]
     return _row_mask(mask, _inside(log_w_seq, low, high))
 
 
 @CORRECTIONS.register("geo_mask")
-def geo_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=None, low, high, delta=None):
+def geo_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, low, high, **_):
     """Geometric-mean mask: drop response i where ``g_i = exp(mean_t log w_{i,t})`` is outside ``[low, high]``.
 
     A per-token criterion: a long and a short response with the same per-token mismatch
@@ -119,7 +152,7 @@ def geo_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=None, low, 
 
 
 @CORRECTIONS.register("deepseek_v32_mask")
-def deepseek_v32_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=None, low=None, high=None, delta):
+def deepseek_v32_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, delta, **_):
     """Drop response i when ``A_i < 0`` and ``(1/|o_i|) sum_t m (logp_roll - sg[logp]) > delta``.
 
     ``A_i`` is the row's masked mean advantage. DeepSeek-V3.2 report, off-policy sequence masking.
@@ -127,3 +160,48 @@ def deepseek_v32_mask(mask, logp_cur, logp_old, logp_roll, advantages, *, cap=No
     drift = row_mean(torch.where(mask, logp_roll - logp_cur, torch.zeros_like(logp_cur)), mask)  # [N]
     negative = row_mean(advantages, mask) < 0
     return _row_mask(mask, ~(negative & (drift > delta)))
+
+
+# -- k2/k3 rejection masks (verl rollout_rs) -----------------------------------------------------
+
+def _rs_divergences(logp_old: Tensor, logp_roll: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Per-token ``k2 = (log w)^2 / 2`` and ``k3 = w - 1 - log w`` (``w = pi_old / mu``, log w clamped
+    to +-20 as verl): estimators of ``KL(mu || pi_old)`` from samples of ``mu``. 0 on masked tokens.  [N, T]."""
+    log_w = log_is_weight(logp_old, logp_roll, mask).clamp(-_RS_LOG_BOUND, _RS_LOG_BOUND)
+    return {"k2": 0.5 * log_w**2, "k3": torch.exp(log_w) - 1.0 - log_w}
+
+
+def _seq_max(x: Tensor, mask: Tensor) -> Tensor:
+    """Max over the unmasked tokens of each row, 0 for an empty row.  [N, T] -> [N]."""
+    return torch.where(mask, x, torch.full_like(x, -math.inf)).amax(dim=-1).clamp(min=0.0)
+
+
+_RS_REDUCE = {"sum": row_sum, "mean": row_mean, "max": _seq_max}
+
+
+def _register_rs_token(k: str) -> None:
+    @CORRECTIONS.register(f"rs_token_{k}")
+    def rs_token(mask, logp_cur, logp_old, logp_roll, advantages, *, rs_threshold, **_):
+        keep = _rs_divergences(logp_old, logp_roll, mask)[k] <= rs_threshold
+        return Correction(None, keep, {"masked_frac": fraction(mask & ~keep, mask)})
+
+    rs_token.__doc__ = f"Token-level rejection: zero ``m_{{i,t}}`` where the token's {k} exceeds ``rs_threshold``."
+
+
+def _register_rs_seq(reduce: str, k: str) -> None:
+    threshold = "rs_sum_threshold" if reduce == "sum" else "rs_threshold"
+
+    @CORRECTIONS.register(f"rs_seq_{reduce}_{k}")
+    @needs(threshold)
+    def rs_seq(mask, logp_cur, logp_old, logp_roll, advantages, **params):
+        stat = _RS_REDUCE[reduce](_rs_divergences(logp_old, logp_roll, mask)[k], mask)  # [N]
+        return _row_mask(mask, stat <= params[threshold])
+
+    rs_seq.__doc__ = f"Sequence-level rejection: drop response i where the {reduce} of its tokens' {k} exceeds ``{threshold}``."
+
+
+for _k in ("k2", "k3"):
+    _register_rs_token(_k)
+    for _reduce in _RS_REDUCE:
+        _register_rs_seq(_reduce, _k)
+del _k, _reduce

@@ -57,6 +57,9 @@ def kl_k3_is(logp: Tensor, logp_ref: Tensor, logp_old: Tensor) -> Tensor:
     return ratio * kl_k3(logp, logp_ref, logp_old)
 
 
+kl_k3_is.ratio_dependent = True  # with one update per batch r = 1 and it equals k3
+
+
 def kl_in_reward(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, beta: float) -> Tensor:
     """KL placed in the reward: ``R_i - beta * sum_t m (logp - logp_ref)`` (k1), no grad.
 
@@ -69,7 +72,7 @@ def kl_in_reward(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, 
 
 
 def should_reset_reference(step: int, every: int) -> bool:
-    """True on optimizer steps ``every, 2*every, ...`` (``every = 0``: never)."""
+    """True on steps ``every, 2*every, ...`` (``every = 0``: never): when to call :func:`update_reference`."""
     return every > 0 and step > 0 and step % every == 0
 
 
@@ -85,3 +88,40 @@ def reset_reference(ref_model, policy_model, optimizer=None, reset_optimizer: bo
         ref_model.load_state_dict(policy_model.state_dict())
     if reset_optimizer:
         optimizer.state.clear()
+
+
+def _matching_parameters(ref_model, policy_model) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    ref, pol = dict(ref_model.named_parameters()), dict(policy_model.named_parameters())
+    if ref.keys() != pol.keys():
+        missing = sorted(set(ref) ^ set(pol))[:3]
+        raise ValueError(f"reference and policy models differ in their parameters (e.g. {missing}); "
+                         "the reference must be a copy of the policy's architecture")
+    return [(ref[name], pol[name]) for name in ref]
+
+
+def soft_update_reference(ref_model, policy_model, alpha: float) -> None:
+    """Soft reference update ``pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref``, parameter by parameter.
+
+    Gorbatovski et al. 2024, Learn Your Reference Model for Real Good Alignment (TR-DPO,
+    arXiv:2404.09656), the soft update; as TRL ``sync_ref_model`` with
+    ``ref_model_mixup_alpha``. Parameters only (buffers are left as they are, as TRL); tied
+    weights are mixed once. ``alpha = 1`` copies the policy's parameters.
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"soft_update_reference needs 0 < alpha <= 1, got {alpha}")
+    with torch.no_grad():
+        for ref, pol in _matching_parameters(ref_model, policy_model):
+            ref.mul_(1.0 - alpha).add_(pol.detach().to(ref.dtype), alpha=alpha)
+
+
+def update_reference(ref_model, policy_model, alpha: float = 1.0, optimizer=None, reset_optimizer: bool = False) -> None:
+    """The reference update of ``AlgoConfig.ref_update_alpha``: ``alpha = 1`` is ProRL's hard reset
+    (:func:`reset_reference`, optionally clearing the optimizer state), ``alpha < 1`` the TR-DPO
+    soft update (:func:`soft_update_reference`; the optimizer is never reset then).
+    """
+    if alpha == 1.0:
+        reset_reference(ref_model, policy_model, optimizer, reset_optimizer)
+    elif reset_optimizer:
+        raise ValueError("reset_optimizer goes with the hard reset (alpha = 1), not with a soft update")
+    else:
+        soft_update_reference(ref_model, policy_model, alpha)

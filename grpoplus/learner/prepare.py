@@ -40,12 +40,12 @@ def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
     ``source`` is the config's choice: ``rollout`` (the sampler's logp_roll), ``recompute`` (a
     separate no-grad learner pass) or ``auto``: the training forward's own detached log-probs
     (``forward``) when they are exactly pi_old - one update per batch, so the weights are still
-    pi_old - and nothing needs them before the update (a correction, the entropy mask, KL in
-    the reward); otherwise ``recompute``.
+    pi_old - and nothing needs them before the update (a correction, the entropy mask, a loss's
+    token selection, KL in the reward); otherwise ``recompute``.
     """
     if source in ("rollout", "recompute"):
         return source
-    needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or (
+    needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or A.needs_token_selection(algo) or (
         uses_reference and algo.kl_placement == "in_reward")
     return "forward" if algo.updates_per_batch == 1 and not needed_before else "recompute"
 

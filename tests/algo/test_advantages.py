@@ -119,3 +119,120 @@ def test_user_estimator_via_registry():
 
     adv = compute_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), "test_sign_only")
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]))
+
+
+# -- token whitening (REINFORCE++ as its paper and verl) and GDPO ----------------------------------
+
+def _token_whiten_loop(values, lengths, var_eps=1e-8):
+    """Each response's value counted once per valid token: token mean, Bessel token variance."""
+    toks = [v for v, n in zip(values, lengths) for _ in range(n)]
+    mean = sum(toks) / len(toks)
+    var = sum((x - mean) ** 2 for x in toks) / (len(toks) - 1)
+    return [(v - mean) / math.sqrt(var + var_eps) for v in values]
+
+
+def test_reinforce_pp_token_whitening_matches_loop():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    lengths = [7, 2, 3, 1, 5, 4]
+    mask = (torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]).double()
+    adv = compute_advantages(r, g, "reinforce_pp", token_mask=mask)
+    assert adv.shape == (6, 8)
+    centred = [1 - 1 / 3, -1 / 3, -1 / 3, 1 - 2 / 3, 1 - 2 / 3, -2 / 3]  # R - mean_g R
+    expected = _token_whiten_loop(centred, lengths)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(adv[i, :n], torch.full((n,), expected[i], dtype=torch.float64))
+        assert torch.all(adv[i, n:] == 0)
+    # the defining property: zero mean and unit variance over TOKENS (long responses weigh more)
+    tok = adv[mask.bool()]
+    assert tok.mean().item() == pytest.approx(0, abs=1e-12)
+    assert tok.var().item() == pytest.approx(1, rel=1e-6)
+
+
+def test_token_whitening_weights_long_responses_more_than_response_whitening():
+    # Worked example (README): groups {correct 9 tokens, wrong 1 token} and {correct 1, wrong 1}.
+    # Centred A = +0.5 / -0.5 in both groups. Over responses the mean is 0: correct and wrong stay
+    # symmetric (+-0.5 / std). Over tokens the 9 tokens of the long correct response pull the mean
+    # to (9*0.5 - 0.5 + 0.5 - 0.5)/12 = 1/3: every correct response gets (0.5 - 1/3) = +1/6 and every
+    # wrong one (-0.5 - 1/3) = -5/6 (before the common scale): wrong answers weigh 5x more.
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    g = torch.tensor([0, 0, 1, 1])
+    lengths = [9, 1, 1, 1]
+    mask = (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).double()
+    per_resp = compute_advantages(r, g, "reinforce_pp")
+    per_tok = compute_advantages(r, g, "reinforce_pp", token_mask=mask)[:, 0]
+    torch.testing.assert_close(per_resp[0], -per_resp[1])
+    expected = _token_whiten_loop([0.5, -0.5, 0.5, -0.5], lengths)
+    torch.testing.assert_close(per_tok, torch.tensor(expected, dtype=torch.float64))
+    assert (-per_tok[1] / per_tok[0]).item() == pytest.approx(5.0)
+
+
+def test_token_mask_without_whitening_broadcasts_and_respects_keep():
+    r, g = torch.tensor([1.0, 0.0, 3.0]), torch.tensor([0, 0, 0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    adv = compute_advantages(r, g, "dr_grpo", keep=torch.tensor([True, True, False]), token_mask=mask)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="token_mask must have shape"):
+        compute_advantages(r, g, token_mask=torch.ones(2, 3))
+
+
+COMPONENTS = [[1.0, 0.0, 2.0], [0.0, 1.0, 2.0], [1.0, 1.0, 0.0], [0.0, 0.5, 1.0],
+              [1.0, 0.5, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 3.0], [1.0, 1.0, 3.0]]
+COMP_GROUPS = [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def _gdpo_loop(comps, groups, weights, eps):
+    """Per component: (r - mean_g) / (std_g + eps); weighted sum; then (x - mean) / (std + eps) over responses."""
+    n, k = len(comps), len(weights)
+    total = [0.0] * n
+    for j in range(k):
+        for gid in set(groups):
+            rows = [i for i in range(n) if groups[i] == gid]
+            vals = [comps[i][j] for i in rows]
+            for i in rows:
+                total[i] += weights[j] * (comps[i][j] - _mean(vals)) / (_std(vals) + eps)
+    m, s = _mean(total), _std(total)
+    return [(x - m) / (s + eps) for x in total]
+
+
+def test_gdpo_matches_loop():
+    from grpoplus.algo import compute_advantages_multi
+
+    comps = torch.tensor(COMPONENTS, dtype=torch.float64)
+    w = [1.0, 0.5, 2.0]
+    adv = compute_advantages_multi(comps, torch.tensor(COMP_GROUPS), w, "grpo", eps=1e-4)
+    torch.testing.assert_close(adv, torch.tensor(_gdpo_loop(COMPONENTS, COMP_GROUPS, w, 1e-4), dtype=torch.float64))
+
+
+def test_gdpo_puts_every_component_on_the_same_scale():
+    # Multiplying one component by 100 changes the summed-reward advantages (that component takes
+    # over), but not GDPO's: each component is normalised within its group before the sum.
+    from grpoplus.algo import compute_advantages_multi
+
+    comps = torch.tensor(COMPONENTS, dtype=torch.float64)
+    scaled = comps.clone()
+    scaled[:, 2] *= 100
+    g = torch.tensor(COMP_GROUPS)
+    gdpo = compute_advantages_multi(comps, g, eps=1e-9)
+    torch.testing.assert_close(compute_advantages_multi(scaled, g, eps=1e-9), gdpo, rtol=1e-6, atol=1e-6)
+    summed = compute_advantages(comps.sum(1), g, "grpo")
+    summed_scaled = compute_advantages(scaled.sum(1), g, "grpo")
+    assert (summed - summed_scaled).abs().max() > 0.1
+    # rows 0 and 1 have equal totals (3.0): the summed reward cannot tell them apart; GDPO sees that
+    # component 1 (0, 1, 1, 0.5 in the group) ranks row 0 lower than component 0 (1, 0, 1, 0) ranks row 1
+    assert summed[0] == summed[1] and gdpo[0] != gdpo[1]
+
+
+def test_gdpo_token_whitening_and_bad_weights():
+    from grpoplus.algo import compute_advantages_multi, whiten_tokens
+
+    comps = torch.tensor(COMPONENTS, dtype=torch.float64)
+    g = torch.tensor(COMP_GROUPS)
+    mask = (torch.arange(5)[None, :] < torch.tensor([5, 1, 2, 3, 4, 5, 1, 2])[:, None]).double()
+    # the group stage of each component, summed, then whitened over the tokens
+    summed = sum(compute_advantages(comps[:, j], g, "grpo") for j in range(3))
+    torch.testing.assert_close(compute_advantages_multi(comps, g, token_mask=mask), whiten_tokens(summed, mask))
+    with pytest.raises(ValueError, match="one entry per reward component"):
+        compute_advantages_multi(comps, g, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"components must have shape \[N=8, K\]"):
+        compute_advantages_multi(comps[:, 0], g)

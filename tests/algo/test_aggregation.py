@@ -61,34 +61,57 @@ def _grad_batch(seed):
     logp = logp_old + 0.3 * torch.randn(n, t, generator=g, dtype=D)
     logp_roll = logp_old + 0.3 * torch.randn(n, t, generator=g, dtype=D)
     logp_ref = logp_old + 0.2 * torch.randn(n, t, generator=g, dtype=D)
+    entropy = torch.rand(n, t, generator=g, dtype=D) * 2
     adv = torch.randn(n, generator=g, dtype=D)
     lengths = torch.tensor([6, 3, 0, 1, 5, 6, 2])
     mask = (torch.arange(t)[None, :] < lengths[:, None]).to(D)
-    return logp, logp_old, logp_roll, logp_ref, adv, mask
+    return logp, logp_old, logp_roll, logp_ref, entropy, adv, mask
+
+
+LOSSES = ["clip", "gmpo", "gspo", "cispo", "sapo", "dppo_tv", "dppo_kl", "tis_pg_seq", "clip_cov", "kl_cov"]
 
 
 @pytest.mark.parametrize("agg", AGGS)
-@pytest.mark.parametrize("loss_name", ["clip", "gmpo", "gspo", "cispo"])
+@pytest.mark.parametrize("loss_name", LOSSES)
 def test_micro_batches_sum_to_whole_batch(agg, loss_name):
-    logp, logp_old, logp_roll, logp_ref, adv, mask = _grad_batch(seed=2)
-    cfg = AlgoConfig(loss=loss_name, aggregation=agg, beta=0.1, kl_estimator="k3_is",
-                     corrections=("mis_token", "tis_seq", "geo_mask"), correction_low=0.7, correction_high=1.4, max_len=9)
-    whole = logp.clone().requires_grad_()
-    loss_whole, _ = policy_loss(whole, logp_old, adv, mask, cfg, logp_roll=logp_roll, logp_ref=logp_ref)
+    logp, logp_old, logp_roll, logp_ref, entropy, adv, mask = _grad_batch(seed=2)
+    cfg = AlgoConfig(loss=loss_name, aggregation=agg, beta=0.1, kl_estimator="k3_is", entropy_coef=0.05,
+                     corrections=("mis_token", "tis_seq", "geo_mask", "rs_seq_max_k2"), correction_low=0.7,
+                     correction_high=1.4, rs_threshold=0.1, max_len=9, cov_ratio=0.2, cov_lb=-10.0, cov_ub=10.0)
+    final_mask, norm = prepare_loss(mask, logp_old, logp_roll, adv, cfg, generator=torch.Generator().manual_seed(5))
+    assert norm.tokens < mask.sum()  # the masks did remove tokens, so the test means something
+    whole, h_whole = logp.clone().requires_grad_(), entropy.clone().requires_grad_()
+    loss_whole, _ = policy_loss(whole, logp_old, adv, final_mask, cfg, logp_roll=logp_roll, logp_ref=logp_ref,
+                                norm=norm, entropy=h_whole)
     loss_whole.backward()
 
-    final_mask, norm = prepare_loss(mask, logp_old, logp_roll, adv, cfg)
-    assert norm.tokens < mask.sum()  # the masks did remove tokens, so the test means something
-    split = logp.clone().requires_grad_()
+    split, h_split = logp.clone().requires_grad_(), entropy.clone().requires_grad_()
     total = 0.0
-    for rows in (slice(0, 2), slice(2, 3), slice(3, 7)):
+    for rows in (torch.arange(0, 2), torch.arange(2, 3), torch.arange(3, 7)):
         part, metrics = policy_loss(split[rows], logp_old[rows], adv[rows], final_mask[rows], cfg,
-                                    logp_roll=logp_roll[rows], logp_ref=logp_ref[rows], norm=norm)
+                                    logp_roll=logp_roll[rows], logp_ref=logp_ref[rows], norm=norm.rows(rows),
+                                    entropy=h_split[rows])
         part.backward()
         total += part.item()
         assert "correction/geo_mask/masked_frac" in metrics
     assert total == pytest.approx(loss_whole.item(), rel=1e-12, abs=1e-12)
     torch.testing.assert_close(split.grad, whole.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_split.grad, h_whole.grad, rtol=1e-12, atol=1e-12)
+    assert h_whole.grad.abs().sum() > 0  # the entropy bonus is in the loss
+
+
+@pytest.mark.parametrize("loss_name", ["clip", "clip_cov", "kl_cov"])
+def test_prepared_loss_equals_one_micro_batch_loss_on_the_first_update(loss_name):
+    # logp == logp_old (the first update of a batch): prepare_loss's masks and token selection, made
+    # with logp_old, are those policy_loss makes with sg[logp] when it is given the whole batch.
+    _, logp_old, logp_roll, _, entropy, adv, mask = _grad_batch(seed=3)
+    cfg = AlgoConfig(loss=loss_name, corrections=("deepseek_v32_mask", "mis_token"), correction_low=0.7,
+                     correction_high=1.4, cov_ratio=0.2, cov_lb=-10.0, cov_ub=10.0)
+    direct, _ = policy_loss(logp_old, logp_old, adv, mask, cfg, logp_roll=logp_roll,
+                            generator=torch.Generator().manual_seed(1))
+    final, norm = prepare_loss(mask, logp_old, logp_roll, adv, cfg, generator=torch.Generator().manual_seed(1))
+    prepared, _ = policy_loss(logp_old, logp_old, adv, final, cfg, logp_roll=logp_roll, norm=norm)
+    assert prepared.item() == pytest.approx(direct.item(), rel=1e-12, abs=1e-15)
 
 
 def test_loss_norm_counts():

@@ -132,6 +132,7 @@ def test_mismatch_metrics_always_measured():
     l = [-log_w[i, t].item() for i, t in toks]  # logp_roll - logp_old
     p = [abs(math.exp(logp_old[i, t].item()) - math.exp(logp_roll[i, t].item())) for i, t in toks]
     assert m["mismatch/k1"] == pytest.approx(sum(l) / 5)
+    assert m["mismatch/k2"] == pytest.approx(sum(x * x / 2 for x in l) / 5)
     assert m["mismatch/k3"] == pytest.approx(sum(math.exp(-x) - 1 + x for x in l) / 5)
     assert m["mismatch/abs_p_diff_mean"] == pytest.approx(sum(p) / 5)
     assert m["mismatch/abs_p_diff_max"] == pytest.approx(max(p))
@@ -144,3 +145,73 @@ def test_corrections_without_logp_roll_fail_clearly():
     x = torch.zeros(1, 2, dtype=D)
     with pytest.raises(ValueError, match="need logp_roll"):
         policy_loss(x, x, torch.ones(1, dtype=D), torch.ones(1, 2), _reinforce(("tis_token",)))
+
+
+@pytest.mark.parametrize("name", ["tis_token", "tis_seq"])
+def test_tis_lower_truncation_clamps_weights_into_the_band(name):
+    logp_old, logp_roll, log_w, adv, mask = _batch()
+    cfg = _reinforce((name,), correction_cap=1.5, correction_cap_low=0.9)
+    loss, m = policy_loss(logp_old, logp_old, adv, mask, cfg, logp_roll=logp_roll)
+    expected, low = 0.0, 0
+    for i in range(2):
+        seq_w = math.exp(sum(log_w[i, t].item() for t in range(3) if mask[i, t]))
+        for t in range(3):
+            if mask[i, t]:
+                w = math.exp(log_w[i, t].item()) if name == "tis_token" else seq_w
+                expected += min(max(w, 0.9), 1.5) * (-adv[i].item() * logp_old[i, t].item())
+                low += w < 0.9
+    assert loss.item() == pytest.approx(expected / 5)
+    assert m[f"correction/{name}/clipped_low_frac"] == pytest.approx(low / 5)
+    assert low > 0  # the lower bound did act
+    # without the lower bound, a tiny weight stays tiny
+    loss_open, _ = policy_loss(logp_old, logp_old, adv, mask, cfg.replace(correction_cap_low=None), logp_roll=logp_roll)
+    assert loss_open.item() != pytest.approx(loss.item())
+
+
+def _k(log_w, kind):
+    """k2 = (log w)^2 / 2, k3 = w - 1 - log w: estimators of KL(mu || pi_old) from samples of mu."""
+    return 0.5 * log_w**2 if kind == "k2" else math.exp(log_w) - 1 - log_w
+
+
+@pytest.mark.parametrize("kind", ["k2", "k3"])
+@pytest.mark.parametrize("level", ["token", "seq_sum", "seq_mean", "seq_max"])
+def test_rejection_masks_match_loop(level, kind):
+    g = torch.Generator().manual_seed(3)
+    logp_old = -torch.rand(5, 6, generator=g, dtype=D) * 2
+    log_w = 0.4 * torch.randn(5, 6, generator=g, dtype=D)
+    logp_roll = logp_old - log_w
+    mask = (torch.arange(6)[None, :] < torch.tensor([6, 2, 4, 1, 5])[:, None]).to(D)
+    adv = torch.ones(5, dtype=D)
+    cfg = _reinforce((f"rs_{level}_{kind}",), rs_threshold=0.03, rs_sum_threshold=0.15)
+    final, _ = prepare_loss(mask, logp_old, logp_roll, adv, cfg)
+    for i in range(5):
+        ks = [_k(log_w[i, t].item(), kind) for t in range(6) if mask[i, t]]
+        stat = {"seq_sum": sum(ks), "seq_mean": sum(ks) / len(ks), "seq_max": max(ks)}.get(level)
+        for t in range(len(ks)):
+            keep = ks[t] <= 0.03 if level == "token" else stat <= (0.15 if level == "seq_sum" else 0.03)
+            assert bool(final[i, t]) == keep, (i, t)
+    assert 0 < final.sum() < mask.sum()  # something kept, something rejected
+
+
+def test_rejection_divergences_differ_in_what_they_forgive():
+    # One token 2 nats off (w = e^2) among 49 exact ones. k3 = e^2 - 3 = 4.39, k2 = 2.
+    # seq_max rejects the response on that token; seq_mean (4.39 / 50 = 0.088) keeps it at 0.1;
+    # seq_sum (4.39) rejects it at 1.0: a mean judges the typical token, a max the worst, a sum the total.
+    logp_old = torch.full((1, 50), -1.0, dtype=D)
+    log_w = torch.zeros(1, 50, dtype=D)
+    log_w[0, 7] = 2.0
+    mask, adv = torch.ones(1, 50, dtype=D), torch.ones(1, dtype=D)
+    kept = {}
+    for name in ("rs_seq_max_k3", "rs_seq_mean_k3", "rs_seq_sum_k3"):
+        cfg = _reinforce((name,), rs_threshold=0.1, rs_sum_threshold=1.0)
+        kept[name] = int(prepare_loss(mask, logp_old, logp_old - log_w, adv, cfg)[0].sum())
+    assert kept == {"rs_seq_max_k3": 0, "rs_seq_mean_k3": 50, "rs_seq_sum_k3": 0}
+    # k3 is asymmetric (a token the sampler under-rated, w > 1, costs more), k2 is symmetric.
+    assert _k(1.0, "k3") == pytest.approx(math.e - 2) and _k(-1.0, "k3") == pytest.approx(math.exp(-1))
+    assert _k(1.0, "k2") == _k(-1.0, "k2") == 0.5
+
+
+def test_sum_rejection_needs_its_threshold():
+    with pytest.raises(ValueError, match="'rs_seq_sum_k2' needs rs_sum_threshold"):
+        AlgoConfig(corrections=("rs_seq_sum_k2",))
+    AlgoConfig(corrections=("rs_seq_mean_k2",))  # the per-token threshold has a default

@@ -112,3 +112,48 @@ def test_reset_reference_copies_weights_and_clears_optimizer():
         reset_reference(ref, policy, None, reset_optimizer=True)
     assert [s for s in range(1, 8) if should_reset_reference(s, 3)] == [3, 6]
     assert not any(should_reset_reference(s, 0) for s in range(5))
+
+
+def test_soft_update_mixes_parameters_and_composes_with_hard_reset():
+    from grpoplus.algo import soft_update_reference, update_reference
+
+    torch.manual_seed(1)
+    policy, ref = torch.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+    before = {k: v.clone() for k, v in ref.state_dict().items()}
+    soft_update_reference(ref, policy, 0.6)
+    for name, p in policy.state_dict().items():
+        # pi_ref <- 0.6 pi + 0.4 pi_ref, element by element
+        torch.testing.assert_close(ref.state_dict()[name], 0.6 * p + 0.4 * before[name], rtol=1e-15, atol=1e-15)
+    # two soft updates with a fixed policy close the gap geometrically: (1 - a)^2 of it is left
+    gap = {k: before[k] - v for k, v in policy.state_dict().items()}
+    soft_update_reference(ref, policy, 0.6)
+    for name, p in policy.state_dict().items():
+        torch.testing.assert_close(ref.state_dict()[name] - p, 0.16 * gap[name], rtol=1e-12, atol=1e-15)
+    # alpha = 1 is the hard reset (optionally with the optimizer), alpha < 1 never resets the optimizer
+    opt = torch.optim.SGD(policy.parameters(), lr=0.1, momentum=0.9)
+    policy(torch.ones(1, 3, dtype=torch.float64)).sum().backward()
+    opt.step()
+    update_reference(ref, policy, 1.0, opt, reset_optimizer=True)
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), policy.parameters())) and not opt.state
+    with pytest.raises(ValueError, match="goes with the hard reset"):
+        update_reference(ref, policy, 0.5, opt, reset_optimizer=True)
+    with pytest.raises(ValueError, match="0 < alpha <= 1"):
+        soft_update_reference(ref, policy, 0.0)
+    with pytest.raises(ValueError, match="differ in their parameters"):
+        soft_update_reference(torch.nn.Linear(3, 2), torch.nn.Sequential(torch.nn.Linear(3, 2)), 0.5)
+
+
+def test_soft_update_mixes_tied_weights_once():
+    from grpoplus.algo import soft_update_reference
+
+    def tied():
+        m = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 2), "head": torch.nn.Linear(2, 4, bias=False)})
+        m["head"].weight = m["emb"].weight
+        return m.double()
+
+    torch.manual_seed(0)
+    policy, ref = tied(), tied()
+    before = ref["emb"].weight.detach().clone()
+    soft_update_reference(ref, policy, 0.5)
+    torch.testing.assert_close(ref["emb"].weight, 0.5 * policy["emb"].weight + 0.5 * before)
+    assert ref["head"].weight is ref["emb"].weight

@@ -5,12 +5,14 @@ import itertools
 import pytest
 import torch
 
-from grpoplus.algo import AlgoConfig, compute_advantages, policy_loss
+from grpoplus.algo import AlgoConfig, compute_advantages, compute_advantages_multi, policy_loss
 
-LOSSES = ["clip", "gspo", "gspo_token", "gmpo", "cispo", "tis_pg", "reinforce"]
+LOSSES = ["clip", "gspo", "gspo_token", "gmpo", "cispo", "tis_pg", "reinforce", "tis_pg_seq", "sapo", "dppo_tv",
+          "dppo_kl", "clip_cov", "kl_cov"]
 AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"]
 KLS = ["k1", "k2", "k3", "k3_is"]
-ALL_CORRECTIONS = ("mis_token", "tis_token", "tis_seq", "geo_mask", "mis_seq", "deepseek_v32_mask")
+ALL_CORRECTIONS = ("mis_token", "tis_token", "tis_seq", "geo_mask", "mis_seq", "deepseek_v32_mask", "rs_token_k3",
+                   "rs_seq_mean_k2", "rs_seq_max_k3")
 
 
 def _extreme(dtype):
@@ -35,9 +37,10 @@ def test_extreme_log_ratios_stay_finite(loss_name, agg):
     logp, logp_old, logp_roll, logp_ref, adv, mask = _extreme(torch.float32)
     for kl in KLS:
         cfg = AlgoConfig(loss=loss_name, aggregation=agg, beta=0.1, kl_estimator=kl, eps_low=0.2,
-                         corrections=("tis_token", "tis_seq"))
+                         corrections=("tis_token", "tis_seq"), correction_cap_low=0.5, entropy_coef=0.01)
         x = logp.clone().requires_grad_()
-        loss, metrics = policy_loss(x, logp_old, adv, mask, cfg, logp_roll=logp_roll, logp_ref=logp_ref)
+        loss, metrics = policy_loss(x, logp_old, adv, mask, cfg, logp_roll=logp_roll, logp_ref=logp_ref,
+                                    entropy=torch.full_like(logp, 2.0))
         loss.backward()
         assert torch.isfinite(loss), (loss_name, agg, kl)
         assert torch.isfinite(x.grad).all(), (loss_name, agg, kl)
@@ -72,6 +75,9 @@ def test_size1_groups_and_integer_rewards():
     assert adv.dtype == torch.float32 and torch.all(adv == 0)
     for name in ("dr_grpo", "rloo", "batch_std", "reinforce_pp"):
         assert torch.isfinite(compute_advantages(torch.tensor([3.0]), torch.tensor([0]), name)).all()
+        one_token = compute_advantages(torch.tensor([3.0]), torch.tensor([0]), name, token_mask=torch.ones(1, 1))
+        assert torch.isfinite(one_token).all()
+    assert torch.isfinite(compute_advantages_multi(torch.tensor([[1.0, 0.0]]), torch.tensor([0]))).all()
 
 
 @pytest.mark.parametrize("loss_name", LOSSES)
