@@ -77,7 +77,10 @@ def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def routing_spec(model: torch.nn.Module) -> RoutingSpec:
     """``RoutingSpec`` of ``model`` (``ValueError`` for a model without supported MoE layers)."""
-    routers = moe_routers(model)
+    return _spec(moe_routers(model))
+
+
+def _spec(routers: list[torch.nn.Module]) -> RoutingSpec:
     return RoutingSpec(num_layers=len(routers), num_experts=routers[0].num_experts, top_k=routers[0].top_k)
 
 
@@ -161,8 +164,9 @@ def record_routing(model: torch.nn.Module) -> Iterator[RoutingRecord]:
     >>> record.routing.shape                           # doctest: +SKIP
     torch.Size([B, S, L, k])
 
-    Works with and without grad; the model's outputs are untouched. Raises ``ValueError``
-    for a model without supported MoE routers.
+    Works with and without grad; the model's outputs are untouched. Call ``model`` itself
+    (its forward pre-hook learns each forward's ``[B, S]``). Raises ``ValueError`` for a
+    model without supported MoE routers.
     """
     routers = moe_routers(model)
     record = RoutingRecord(len(routers))
@@ -221,7 +225,7 @@ def replay_routing(model: torch.nn.Module, routing: torch.Tensor) -> Iterator[Ro
     entry), and a forward whose ``[B, S]`` differs from the routing's (on that forward).
     """
     routers = moe_routers(model)
-    spec = routing_spec(model)
+    spec = _spec(routers)
     check_routing(routing, spec)
     replay = _Replay(routing, spec.num_layers)
     handles = [model.register_forward_pre_hook(replay.start, with_kwargs=True)]
