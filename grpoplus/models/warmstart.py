@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.tasks import TASKS, get_task
@@ -171,11 +172,12 @@ def build_into(path: Path, recipe: dict) -> None:
         torch.manual_seed(recipe["seed"])
         model = tiny_model(tokenizer, size=recipe["size"], seed=recipe["seed"])
         started = time.perf_counter()
-        losses = train_sft(
-            model, tokenizer, [e.prompt for e in train],
-            sft_targets(task, train, recipe["direct_frac"], recipe["seed"]),
-            steps=recipe["steps"], batch_size=recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        )
+        with balance_loss_while_training(model):
+            losses = train_sft(
+                model, tokenizer, [e.prompt for e in train],
+                sft_targets(task, train, recipe["direct_frac"], recipe["seed"]),
+                steps=recipe["steps"], batch_size=recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+            )
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     summary = dict(recipe, final_loss=losses[-1] if losses else None, seconds=round(time.perf_counter() - started, 1))
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (or rebuild) the cached warm-started tiny model of a task.")
     parser.add_argument("--task", default="arithmetic", help="built-in task name")
     parser.add_argument("--difficulty", type=int, default=None, help="task difficulty (default: the task's)")
-    parser.add_argument("--size", default="small", help="tiny model size: nano or small")
+    parser.add_argument("--size", default="small", help="tiny model size: nano, small, or moe / moe-nano (mixture of experts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
