@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .doctor import Finding, diagnose, parse_thresholds
+from .doctor import Finding, batch_info_from_config, diagnose, parse_thresholds
 from .style import shorten
 from .writer import read_metrics
 
@@ -44,12 +44,6 @@ def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if not isinstance(config, dict):
             raise ValueError(f"{config_path} is not a YAML mapping")
     return records, config
-
-
-def batch_info_from_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Batch facts the doctor uses when the records lack ``batch/responses``."""
-    rollout = config.get("rollout") or {}
-    return {k: rollout[k] for k in ("group_size",) if k in rollout}
 
 
 def run_label(run_dir: str, config: dict[str, Any]) -> str:
