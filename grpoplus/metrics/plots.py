@@ -103,7 +103,6 @@ def panel_keys(panel: Panel, trace: Trace) -> list[str]:
     keys: list[str] = []
     for pattern in panel.keys:
         matches = fnmatch.filter(present, pattern) if "*" in pattern else [pattern]
-        matches = [k for k in matches if panel.kind == "layers" or "/layer" not in k]
         keys += [k for k in sorted(matches, key=_natural)
                  if k not in keys and len(trace.get(k).finite())]
     return keys

@@ -87,12 +87,14 @@ def new_figure(rows: int = 1) -> tuple[Any, list[Any]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     height = FIG_HEIGHT_IN if rows == 1 else 1.2 + 1.5 * rows
     fig, axes = plt.subplots(rows, 1, figsize=(FIG_WIDTH_IN, height), dpi=DPI, sharex=True,
                              squeeze=False)
     for ax in axes[:, 0]:
         ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     return fig, list(axes[:, 0])
 
 
