@@ -370,22 +370,24 @@ def check_zero_advantage(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
     is its own baseline, and a group whose rewards are all equal has ``R_i - mean_g R = 0``
     (ALGORITHMS.md section 1). Judged on the first ``structural_min_steps`` steps already."""
     if info.get("group_size") == 1:
-        evidence = ("rollout.group_size = 1: each response is its own group baseline, "
-                    "R_i - mean_g R = 0")
-    else:
-        frac = trace.get("groups/zero_std_frac").finite()
-        if len(frac) < th.structural_min_steps:
-            return None
-        recent = frac.tail(th.structural_min_steps)
-        if recent.values.min() < 1.0:
-            return None
-        evidence = (f"groups/zero_std_frac = 1 on every step of {recent.span()}: no group "
-                    "had two different rewards")
+        return Finding(
+            "zero_advantage", "severe", "every advantage is zero: training cannot learn",
+            "rollout.group_size = 1: each response is its own group baseline, R_i - mean_g R = 0",
+            "sample several responses per prompt (rollout.group_size >= 4)",
+        )
+    frac = trace.get("groups/zero_std_frac").finite()
+    if len(frac) < th.structural_min_steps:
+        return None
+    recent = frac.tail(th.structural_min_steps)
+    if recent.values.min() < 1.0:
+        return None
     return Finding(
-        "zero_advantage", "severe", "every advantage is zero: training cannot learn", evidence,
-        "sample several responses per prompt (rollout.group_size >= 4); check the reward "
-        "(samples.jsonl: is it constant, or always 0 because the answer format never parses?); "
-        "use prompts the policy sometimes solves",
+        "zero_advantage", "severe", "every advantage is zero: training cannot learn",
+        f"groups/zero_std_frac = 1 on every step of {recent.span()}: no group had two "
+        "different rewards",
+        "check the reward on samples.jsonl (constant? always 0 because the answer format "
+        "never parses?); use prompts the policy sometimes solves, or a model that already "
+        "solves some (SFT / warm start); a larger group (rollout.group_size)",
     )
 
 
