@@ -38,7 +38,7 @@ def run_default(steps: int, extra: list[str]) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config("dapo", overrides=[f"out={out}", f"max_steps={steps}", "eval_every=0", "save_every=0",
-                                              "progress=false", "tensorboard=false", "doctor_every=0", *extra])
+                                              "progress=false", "loggers=[]", "doctor_every=0", *extra])
         records = [r for r in train(cfg) if r["step"] > 1 and r["step"] < steps]  # skip warm-up and final eval
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     keys = ["time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s",
@@ -67,7 +67,7 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
         cfg = build_config("grpo", overrides=[
             f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0",
             "prompts_per_step=4", "group_size=8", "max_new_tokens=8", "lr=1e-4", "eval_every=0", "save_every=0",
-            "eval_size=1", "eval_samples=0", "progress=false", "tensorboard=false", "doctor_every=0",
+            "eval_size=1", "eval_samples=0", "progress=false", "loggers=[]", "doctor_every=0",
             f"threads={threads}", "warmup_steps=0"])
         records = [r for r in train(cfg) if warmup < r["step"] < steps]
     return {"peer": "grpoplus", "completions_per_step": 32, "max_new_tokens": 8, "threads": threads,

@@ -42,8 +42,9 @@ class RunConfig:
     """Completions per step written to samples.jsonl."""
     doctor_every: int = 10
     """Run the doctor on the metrics so far every K steps and warn on new findings; 0 = off."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars under RUN/tb."""
+    loggers: list = field(default_factory=lambda: ["tensorboard"])
+    """Where the metrics go besides metrics.jsonl: any of tensorboard (RUN/tb), wandb (offline run in
+    RUN/wandb), mlflow (RUN/mlruns or $MLFLOW_TRACKING_URI), trackio (local); [] = metrics.jsonl only."""
     progress: bool = True
     """Show a live progress bar."""
     threads: int = 0
@@ -319,6 +320,9 @@ def _check(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
+    from grpoplus.metrics import require_loggers
+
+    require_loggers(cfg.run.loggers)
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
         raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")

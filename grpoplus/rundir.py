@@ -6,7 +6,9 @@ RUN/
   metrics.jsonl        one JSON object per step
   samples.jsonl        a few completions per step with rewards
   checkpoints/step-N/  model + trainer state (grpoplus.learner.checkpoint)
-  tb/                  TensorBoard event files
+  tb/                  TensorBoard event files (run.loggers: tensorboard)
+  wandb/, mlruns/      offline W&B / local MLflow runs (run.loggers: wandb, mlflow)
+  trackers.json        tracker run ids, so a resumed run continues the same tracker run
   report/              PNG panels + index.html (grpoplus report)
 ```
 """
@@ -27,7 +29,10 @@ SAMPLES_FILE = "samples.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 TB_DIR = "tb"
 REPORT_DIR = "report"
-OUTPUTS = (METRICS_FILE, SAMPLES_FILE, CHECKPOINTS_DIR, TB_DIR, REPORT_DIR)
+WANDB_DIR = "wandb"
+MLRUNS_DIR = "mlruns"
+TRACKERS_FILE = "trackers.json"
+OUTPUTS = (METRICS_FILE, SAMPLES_FILE, CHECKPOINTS_DIR, TB_DIR, REPORT_DIR, WANDB_DIR, MLRUNS_DIR, TRACKERS_FILE)
 """What a run writes; a directory holding any of these holds a run."""
 
 

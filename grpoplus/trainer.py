@@ -24,7 +24,7 @@ from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.learner.prepare import prepare
 from grpoplus.learner.update import update_policy
-from grpoplus.metrics import LiveDoctor, MetricsWriter, read_metrics
+from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.rundir import RunDir
@@ -114,8 +114,10 @@ def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:
 
 def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool) -> list[dict]:
     truncate_jsonl(run_dir.samples, start)
-    writer = MetricsWriter(run_dir.root, tensorboard=cfg.run.tensorboard, resume_step=start if resumed else None)
-    doctor, records = LiveDoctor(), []
+    writer = MetricsWriter(run_dir.root, loggers=cfg.run.loggers, resume_step=start if resumed else None,
+                           config=cfg.to_dict())
+    doctor = LiveDoctor(batch_info=batch_info_from_config(cfg.to_dict()), every=cfg.run.doctor_every)
+    records = []
     history = read_metrics(run_dir.root) if resumed else []  # the steps before this call, for the doctor
     progress = Progress(cfg, start)
     try:
@@ -142,7 +144,7 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             progress.update(step, metrics)
             if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):  # fault injection for the resume test
                 os.kill(os.getpid(), signal.SIGKILL)
-            if cfg.run.doctor_every and step % cfg.run.doctor_every == 0:
+            if doctor.due(step):
                 for finding in doctor.check(history):
                     progress.write(f"doctor: {finding.one_line()}")
     finally:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from grpoplus.rundir import RunDir
 
-from .doctor import Finding, diagnose, parse_thresholds
+from .doctor import Finding, batch_info_from_config, diagnose, parse_thresholds
+from .style import shorten
 from .writer import read_metrics
 
 EXIT_OK, EXIT_SEVERE, EXIT_BAD_INPUT = 0, 1, 2
@@ -46,18 +48,58 @@ def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return records, config
 
 
-def batch_info_from_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Batch facts the doctor uses when the records lack ``batch/responses``."""
-    rollout = config.get("rollout") or {}
-    return {k: rollout[k] for k in ("group_size",) if k in rollout}
-
-
 def run_label(run_dir: str, config: dict[str, Any]) -> str:
-    """``"<run name>: <preset> <overrides>"`` for compare's legend."""
+    """``"<run name>: <preset> <overrides>"``, the full description of a run."""
     run = config.get("run") or {}
     preset = run.get("preset") or (config.get("algo") or {}).get("preset") or "(no preset)"
     overrides = " ".join(str(o) for o in run.get("overrides") or [])
     return f"{Path(run_dir).resolve().name}: {preset} {overrides}".rstrip()
+
+
+# Overrides that say where or how a run was written, not what it trained.
+_LABEL_SKIP = {"out", "overwrite", "progress", "tensorboard", "loggers", "threads"}
+VALUE_WIDTH = 16
+
+
+def _settings(config: dict[str, Any]) -> dict[str, str]:
+    """``{key: value}`` of a run's preset and key=value overrides (later wins)."""
+    run = config.get("run") or {}
+    settings = {"preset": str(run.get("preset") or (config.get("algo") or {}).get("preset"))}
+    for item in run.get("overrides") or []:
+        key, _, value = str(item).partition("=")
+        if key.split(".")[-1] not in _LABEL_SKIP:
+            settings[key] = value
+    return settings
+
+
+def _spelled_in(name: str, key: str, value: str) -> bool:
+    """The directory name already says this setting (e.g. ``dapo_eps_high_0.3``)."""
+    norm = lambda text: re.sub(r"[^a-z0-9.]+", "_", text.lower())  # noqa: E731
+    return norm(value) in norm(name) and (key == "preset" or norm(key) in norm(name))
+
+
+def run_labels(run_dirs: Sequence[str], configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Short names for compare's legend: each run's directory name, plus the preset and the
+    overrides whose values differ between the runs (keys cut to their last part, values to
+    16 characters; settings the name already spells, and keys a run did not override, left
+    out), at most 48 characters."""
+    paths = [Path(d).resolve() for d in run_dirs]
+    names = [p.name for p in paths]
+    names = [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+    settings = [_settings(c) for c in configs]
+    keys = list(dict.fromkeys(k for s in settings for k in s))
+    differ = [k for k in keys if len({s.get(k) for s in settings}) > 1]
+    last = [k.split(".")[-1] for k in differ]
+    short = {k: k.split(".")[-1] if last.count(k.split(".")[-1]) == 1 else k for k in differ}
+    labels = []
+    for name, setting in zip(names, settings):
+        parts = []
+        for key in (k for k in differ if k in setting):  # absent: the preset's value
+            value = shorten(setting[key], VALUE_WIDTH)
+            if not _spelled_in(name, short[key], value):
+                parts.append(value if key == "preset" else f"{short[key]}={value}")
+        labels.append(shorten(f"{name}: {' '.join(parts)}" if parts else name))
+    return labels
 
 
 def _smooth(text: str) -> float:
@@ -90,15 +132,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .plots import write_compare
 
-    runs, labels = [], []
+    runs, configs = [], []
     for run in args.runs:
         try:
             records, config = load_run(run)
         except (FileNotFoundError, ValueError) as err:
             return _fail(str(err))
         runs.append(records)
-        labels.append(run_label(run, config))
-    written = write_compare(runs, labels, args.out, smooth=args.smooth)
+        configs.append(config)
+    descriptions = [run_label(run, config) for run, config in zip(args.runs, configs)]
+    written = write_compare(runs, run_labels(args.runs, configs), args.out, smooth=args.smooth,
+                            descriptions=descriptions)
     print(f"wrote {len(written)} panels and {Path(args.out) / 'index.html'}")
     return EXIT_OK
 

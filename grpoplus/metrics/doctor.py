@@ -87,6 +87,16 @@ class DoctorThresholds:
     """... and the check fires at this many spikes ..."""
     grad_growth_ratio: float = 5.0
     """... or when the recent median grad norm is this times the early median."""
+    structural_min_steps: int = 5
+    """zero_advantage, inert_clipping and routing_mismatch judge a level, not a trend: they need only this many logged steps."""
+    inert_ratio_tol: float = 1e-4
+    """inert_clipping: loss/ratio_max within this of 1 and no clipped token on every step = every update on-policy."""
+    staleness_corr_min: float = 0.5
+    """mismatch_with_staleness: rank correlation of async/staleness_mean and mismatch/k3 over the steps at or above this ..."""
+    staleness_mismatch_ratio: float = 1.5
+    """... and mean mismatch on the staler half of the steps at least this times the fresher half's (and >= mismatch_floor)."""
+    routing_mismatch_max: float = 0.1
+    """routing_mismatch: recent mean of moe/routing_mismatch (share of token-layer expert choices that differ) at or above this."""
 
 
 def threshold_docs() -> dict[str, str]:
@@ -135,8 +145,8 @@ def diagnose(
     Args:
         records: per-step dicts as read by :func:`grpoplus.metrics.read_metrics`.
         thresholds: when each check fires (defaults: :class:`DoctorThresholds`).
-        batch_info: fallback batch facts when records lack ``batch/responses``, e.g.
-            ``{"responses": 64, "group_size": 8}`` (from config.yaml).
+        batch_info: facts of the setup from the config (see :func:`batch_info_from_config`),
+            e.g. ``{"responses": 256, "group_size": 8, "loss": "clip", "updates_per_batch": 1}``.
     """
     trace = Trace(records)
     th = thresholds or DoctorThresholds()
@@ -145,14 +155,31 @@ def diagnose(
     return [f for f in findings if f is not None]
 
 
+def batch_info_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The setup facts some checks need, from a resolved config as a nested dict
+    (``config.yaml``, or ``Config.to_dict()``); keys the config lacks are left out.
+
+    ``responses`` (trained per step) = prompts_per_step x group_size; ``updates_per_batch``
+    = num_iterations x num_minibatches (optimizer steps per rollout batch).
+    """
+    rollout, algo = config.get("rollout") or {}, config.get("algo") or {}
+    info: dict[str, Any] = {k: rollout[k] for k in ("group_size", "max_staleness") if k in rollout}
+    info.update({k: algo[k] for k in ("loss", "adv_estimator", "routing_replay") if k in algo})
+    if "group_size" in rollout and "prompts_per_step" in rollout:
+        info["responses"] = rollout["prompts_per_step"] * rollout["group_size"]
+    if "num_iterations" in algo or "num_minibatches" in algo:
+        info["updates_per_batch"] = algo.get("num_iterations", 1) * algo.get("num_minibatches", 1)
+    return info
+
+
 class LiveDoctor:
     """Runs :func:`diagnose` during training and returns only findings not reported before
     (a finding that escalates from warning to severe is reported again, once).
 
     Example::
 
-        doctor = LiveDoctor()
-        if step % 10 == 0:
+        doctor = LiveDoctor(batch_info=batch_info_from_config(cfg.to_dict()), every=10)
+        if doctor.due(step):
             for finding in doctor.check(records_so_far):
                 print(finding.one_line())
     """
@@ -161,10 +188,20 @@ class LiveDoctor:
         self,
         thresholds: DoctorThresholds | None = None,
         batch_info: Mapping[str, Any] | None = None,
+        every: int = 10,
     ):
         self.thresholds = thresholds or DoctorThresholds()
         self.batch_info = batch_info
+        self.every = every
         self._reported: set[tuple[str, str]] = set()
+
+    def due(self, step: int) -> bool:
+        """Check every ``every`` steps, and once at ``structural_min_steps`` so a setup that
+        cannot learn (zero advantage, inert clipping) is named before the first period ends;
+        ``every=0`` turns the live doctor off."""
+        if self.every <= 0 or step <= 0:
+            return False
+        return step % self.every == 0 or step == self.thresholds.structural_min_steps
 
     def check(self, records: Sequence[dict[str, Any]]) -> list[Finding]:
         """Diagnose ``records`` (all steps so far); return only the findings not reported yet."""
@@ -183,6 +220,12 @@ def _windows(series: Series, th: DoctorThresholds) -> tuple[Series, Series] | No
     if len(series) < max(th.min_steps, 2 * th.window):
         return None
     return series.head(th.window), series.tail(th.window)
+
+
+def _natural_layer_keys(trace: Trace, prefix: str) -> list[str]:
+    """Keys ``<prefix><i>`` the run logged, in layer order."""
+    keys = [k for k in trace.keys() if k.startswith(prefix) and k[len(prefix):].isdigit()]
+    return sorted(keys, key=lambda k: int(k[len(prefix):]))
 
 
 def _ratio(new: float, old: float) -> float:
@@ -277,16 +320,29 @@ def check_incorrect_longer(trace: Trace, th: DoctorThresholds, info: Mapping) ->
     )
 
 
+def _oversample(trace: Trace) -> Series | None:
+    """Groups drawn per group needed (dynamic sampling / zero-variance filtering); read from
+    ``sampling/oversample``, or from the older ``sampling/kept_frac`` (kept / drawn)."""
+    series = trace.first_present("sampling/oversample")
+    if series is not None:
+        return series
+    kept = trace.first_present("sampling/kept_frac")
+    if kept is None or not (kept.values > 0).all():
+        return None
+    return Series("sampling/oversample", kept.steps, 1.0 / kept.values)
+
+
 @CHECKS.register("zero_variance")
 def check_zero_variance(trace: Trace, th: DoctorThresholds, info: Mapping) -> Finding | None:
-    """Groups whose rewards are all equal have zero advantage and teach nothing (DAPO 3.2)."""
+    """Groups whose rewards are all equal have zero advantage and teach nothing (DAPO 3.2).
+    Counted over every group drawn; with dynamic sampling they cost sampling time instead."""
     frac = trace.get("groups/zero_std_frac").finite()
     if len(frac) < th.window:
         return None
     recent = frac.tail(th.window)
     level = recent.mean()
-    if level < th.zero_variance_frac:
-        return None
+    if level < th.zero_variance_frac or recent.values.min() >= 1.0:
+        return None  # every recent step without any spread: zero_advantage says more
     right = trace.get("groups/all_correct_frac").finite().tail(th.window).mean()
     wrong = trace.get("groups/all_wrong_frac").finite().tail(th.window).mean()
     evidence = f"groups/zero_std_frac {level:.2f} over {recent.span()} >= {th.zero_variance_frac}"
@@ -294,11 +350,44 @@ def check_zero_variance(trace: Trace, th: DoctorThresholds, info: Mapping) -> Fi
     if np.isfinite(right) and np.isfinite(wrong):  # both logged
         evidence += f" (all correct {right:.2f}, all wrong {wrong:.2f})"
         data_fix = "use harder prompts" if right > wrong else "use easier prompts (curriculum)"
+    sampling_fix = ("dynamic sampling (DAPO: algo.dynamic_sampling=true) or zero-variance "
+                    "filtering (algo.zero_variance_filter=true)")
+    oversample = _oversample(trace)
+    if oversample is not None and oversample.tail(th.window).mean() > 1.0:
+        evidence += (f"; dynamic sampling draws {oversample.tail(th.window).mean():.2f}x the "
+                     "groups it trains on (sampling/oversample)")
+        sampling_fix = "dynamic sampling already drops them, at that sampling cost"
     severity: Severity = "severe" if level >= th.zero_variance_severe_frac else "warning"
     return Finding(
         "zero_variance", severity, "most groups have zero reward spread", evidence,
-        f"dynamic sampling (DAPO: algo.dynamic_sampling=true) or zero-variance filtering "
-        f"(algo.zero_variance_filter=true); {data_fix}; a larger group (rollout.group_size)",
+        f"{sampling_fix}; {data_fix}; a larger group (rollout.group_size)",
+    )
+
+
+@CHECKS.register("zero_advantage")
+def check_zero_advantage(trace: Trace, th: DoctorThresholds, info: Mapping) -> Finding | None:
+    """Every advantage is zero, so no update can change the policy: a group of one response
+    is its own baseline, and a group whose rewards are all equal has ``R_i - mean_g R = 0``
+    (ALGORITHMS.md section 1). Judged on the first ``structural_min_steps`` steps already."""
+    if info.get("group_size") == 1:
+        return Finding(
+            "zero_advantage", "severe", "every advantage is zero: training cannot learn",
+            "rollout.group_size = 1: each response is its own group baseline, R_i - mean_g R = 0",
+            "sample several responses per prompt (rollout.group_size >= 4)",
+        )
+    frac = trace.get("groups/zero_std_frac").finite()
+    if len(frac) < th.structural_min_steps:
+        return None
+    recent = frac.tail(th.structural_min_steps)
+    if recent.values.min() < 1.0:
+        return None
+    return Finding(
+        "zero_advantage", "severe", "every advantage is zero: training cannot learn",
+        f"groups/zero_std_frac = 1 on every step of {recent.span()}: no group had two "
+        "different rewards",
+        "check the reward on samples.jsonl (constant? always 0 because the answer format "
+        "never parses?); use prompts the policy sometimes solves, or a model that already "
+        "solves some (SFT / warm start); a larger group (rollout.group_size)",
     )
 
 
@@ -355,6 +444,8 @@ def check_reward_hacking(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
 
 
 def _batch_responses(trace: Trace, info: Mapping[str, Any]) -> float | None:
+    """Responses the update trained on per step (``batch/responses``; runs written before
+    ``drawn/*`` existed counted every drawn response there)."""
     batch = trace.get("batch/responses").finite()
     if len(batch):
         return float(batch.values[-1])
@@ -380,7 +471,7 @@ def check_noisy_reward(trace: Trace, th: DoctorThresholds, info: Mapping) -> Fin
         "noisy_reward", "warning", "reward is noisy and the batch is small",
         f"reward/mean step-to-step noise {noise:.3f} vs trend {trend:+.3f} over "
         f"{reward.span()} (noise >= {th.noisy_reward_ratio} x trend) with "
-        f"{int(responses)} responses per step{group_txt} <= {th.noisy_batch_max}",
+        f"{int(responses)} responses trained per step{group_txt} <= {th.noisy_batch_max}",
         "use a larger batch (more prompts per step) or a larger group (rollout.group_size)",
     )
 
@@ -438,3 +529,6 @@ def check_grad_explosion(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
         "lower the learning rate, clip gradients (learner max grad norm 1.0), check the "
         "mismatch metrics and use a ratio-bounded loss (algo.loss=cispo or tis corrections)",
     )
+
+
+from . import offpolicy_checks  # noqa: E402,F401  (registers the off-policy checks)

@@ -113,3 +113,21 @@ def step_noise(values: np.ndarray) -> float:
     if len(values) < 3:
         return 0.0
     return float(np.std(np.diff(values), ddof=1) / math.sqrt(2.0))
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 of ``x`` [n], tied values sharing their mean rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    _, tie, counts = np.unique(x, return_inverse=True, return_counts=True)
+    return (np.bincount(tie, weights=ranks) / counts)[tie]
+
+
+def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation of two series [n] (Pearson's r of their ranks): 1 when
+    ``y`` rises with ``x``, whatever the shape; NaN when either is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    if len(x) < 3 or rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])

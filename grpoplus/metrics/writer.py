@@ -1,4 +1,5 @@
-"""Per-step metrics on disk: ``RUN/metrics.jsonl`` (one JSON object per step) and TensorBoard.
+"""Per-step metrics on disk: ``RUN/metrics.jsonl`` (one JSON object per step), passed on to
+TensorBoard and experiment trackers (:mod:`grpoplus.metrics.loggers`).
 
 The JSONL file is the source of truth for ``grpoplus report``, ``compare`` and ``doctor``.
 Non-finite floats are written as Python's ``json`` writes them (``NaN``, ``Infinity``),
@@ -13,9 +14,9 @@ import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from grpoplus.rundir import METRICS_FILE, TB_DIR
+from grpoplus.rundir import METRICS_FILE
 
 
 def _metrics_path(run_dir: str | os.PathLike) -> Path:
@@ -104,15 +105,20 @@ def truncate_jsonl(path: str | os.PathLike, step: int) -> None:
 
 
 class MetricsWriter:
-    """Append one JSON line per step to ``RUN/metrics.jsonl`` (and TensorBoard under ``RUN/tb``).
+    """Append one JSON line per step to ``RUN/metrics.jsonl`` and fan the record out to the
+    ``loggers`` (names in :data:`grpoplus.metrics.loggers.LOGGERS`: ``tensorboard``,
+    ``wandb``, ``mlflow``, ``trackio``).
 
-    With ``resume_step=k`` the file is first cut back to the records with ``step <= k``, so a
-    resumed run's file equals the file of an uninterrupted run, and TensorBoard purges the
-    events after step k.
+    The JSONL file is written first and is the source of truth; the loggers get the finite
+    values under the same names. With ``resume_step=k`` the file is first cut back to the
+    records with ``step <= k``, so a resumed run's file equals the file of an uninterrupted
+    run; TensorBoard purges its events after step k, and trackers that keep what they were
+    sent (wandb, mlflow, trackio) are not sent again the steps the interrupted attempt
+    already sent them (a resumed run reproduces those steps, timings aside).
 
     Example::
 
-        w = MetricsWriter("runs/demo", tensorboard=False)
+        w = MetricsWriter("runs/demo", loggers=())
         w.log(0, {"reward/mean": 0.25, "length/mean": 41.0})
         w.close()
     """
@@ -120,22 +126,33 @@ class MetricsWriter:
     def __init__(
         self,
         run_dir: str | os.PathLike,
-        tensorboard: bool = True,
+        loggers: Sequence[str] = ("tensorboard",),
         resume_step: int | None = None,
+        config: Mapping[str, Any] | None = None,
     ):
+        """
+        Args:
+            run_dir: the run directory (created if missing).
+            loggers: where the records go besides metrics.jsonl.
+            resume_step: the checkpoint step a resumed run continues after.
+            config: the resolved config as a nested dict, for the trackers' run config.
+
+        Raises:
+            ValueError / ImportError: an unknown logger, or its package is not installed
+                (one line naming ``pip install ...``), before anything is written.
+        """
+        from .loggers import open_loggers
+
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
+        sent = self._last_logged_step() if resume_step is not None else None
         if resume_step is not None and self.path.exists():
             truncate_jsonl(self.path, resume_step)
         self._last_step = self._last_logged_step()
+        self._sent_upto = sent
+        self._loggers = open_loggers(list(loggers), self.run_dir, dict(config or {}), resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: slow import
-
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge)
 
     def _last_logged_step(self) -> int | None:
         if not self.path.exists():
@@ -146,7 +163,7 @@ class MetricsWriter:
         return records[-1]["step"] if records else None
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Write one record ``{"step": step, **metrics}`` and flush it.
+        """Write one record ``{"step": step, **metrics}``, flush it, then pass it on.
 
         Raises:
             ValueError: a non-numeric metric, or a step lower than one already written
@@ -165,17 +182,26 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self._last_step = step
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and math.isfinite(value):
-                    self._tb.add_scalar(key, value, global_step=step)
-            self._tb.flush()
+        finite = {k: v for k, v in record.items() if k != "step" and math.isfinite(v)}
+        for name, logger in list(self._loggers.items()):
+            if not logger.rewinds and self._sent_upto is not None and step <= self._sent_upto:
+                continue  # the interrupted attempt already sent this step
+            self._pass_on(name, logger, step, finite)
+
+    def _pass_on(self, name: str, logger: Any, step: int, record: dict[str, float]) -> None:
+        """A tracker that fails mid-run is dropped with a warning; metrics.jsonl goes on."""
+        try:
+            logger.log(step, record)
+        except Exception as err:  # noqa: BLE001 - a third-party tracker must not stop training
+            del self._loggers[name]
+            warnings.warn(f"metrics logger {name!r} failed at step {step} ({err!r}); it gets no "
+                          f"more records, {self.path} has them all", stacklevel=3)
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        loggers, self._loggers = self._loggers, {}
+        for logger in loggers.values():
+            logger.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self

@@ -40,8 +40,8 @@ def healthy_trace(n: int = 60, seed: int = 0, batch: int = 128) -> list[dict]:
             "length/incorrect_mean": (90 + 25 * progress) * 1.2,
             "length/truncated_frac": 0.02,
             "policy/entropy_mean": 1.0 - 0.25 * progress + rng.normal(0, 0.01),
-            "policy/entropy_p10": 0.1,
-            "policy/entropy_p25": 0.3,
+            "policy/entropy_p10": 0.002 * (1.0 - 0.5 * progress),
+            "policy/entropy_p25": 0.02 * (1.0 - 0.5 * progress),
             "loss/policy": rng.normal(0, 0.01),
             "loss/total": rng.normal(0, 0.01),
             "loss/clip_frac_low": 0.01,
@@ -63,6 +63,8 @@ def healthy_trace(n: int = 60, seed: int = 0, batch: int = 128) -> list[dict]:
             "time/step_s": 2.0,
             "throughput/rollout_tok_s": 9000 + rng.normal(0, 300),
             "throughput/learner_tok_s": 15000 + rng.normal(0, 500),
+            "drawn/prompts": batch // 8,
+            "drawn/responses": batch,
             "batch/prompts": batch // 8,
             "batch/responses": batch,
         }
@@ -162,6 +164,52 @@ def grad_explosion_trace() -> list[dict]:
     return records
 
 
+def inert_clipping_trace() -> list[dict]:
+    """One update per rollout batch: the ratio to pi_old is exactly 1, nothing is clipped."""
+    records = healthy_trace()
+    for key in ("loss/clip_frac_low", "loss/clip_frac_high"):
+        _set(records, key, lambda t: 0.0)
+    _set(records, "loss/ratio_mean", lambda t: 1.0)
+    return _set(records, "loss/ratio_max", lambda t: 1.0)
+
+
+def zero_advantage_trace(n: int = 60) -> list[dict]:
+    """Every group of every step has one reward value (e.g. a reward that never parses)."""
+    records = healthy_trace(n)
+    _set(records, "groups/zero_std_frac", lambda t: 1.0)
+    _set(records, "groups/all_correct_frac", lambda t: 0.0)
+    return _set(records, "groups/all_wrong_frac", lambda t: 1.0)
+
+
+def staleness_trace(coupled: bool = True) -> list[dict]:
+    """Asynchronous rollouts with 0-3 policy versions of staleness per step; with ``coupled``
+    the mismatch k3 is 1 + 3 x staleness times its fresh level (else independent of it)."""
+    rng = np.random.default_rng(2)
+    records = healthy_trace()
+    for r in records:
+        stale = float(rng.integers(0, 4))
+        r["async/staleness_mean"] = stale
+        r["async/staleness_max"] = stale + 1.0
+        if coupled:
+            r["mismatch/k3"] = 2e-3 * (1 + 3 * stale) * (1 + rng.normal(0, 0.1))
+    return records
+
+
+def routing_mismatch_trace(level: float = 0.2, layers: int = 8) -> list[dict]:
+    """An MoE policy whose learner picks other experts than the sampler for ``level`` of
+    token-layer choices (the last layer worst)."""
+    records = healthy_trace()
+    for r in records:
+        r["moe/routing_mismatch"] = level
+        r["moe/load_max_frac"] = 0.3
+        r.update({f"moe/routing_mismatch/layer{i}": level * (0.5 + i / (layers - 1))
+                  for i in range(layers)})
+    return records
+
+
+CLIP_SETUP = {"loss": "clip", "updates_per_batch": 1, "group_size": 8}
+"""batch_info of a clip loss with one update per batch (what the default config gives)."""
+
 TRACES = {
     "healthy": (healthy_trace, set()),
     "entropy_collapse": (entropy_collapse_trace, {"entropy_collapse"}),
@@ -173,6 +221,10 @@ TRACES = {
     "noisy_reward": (noisy_reward_trace, {"noisy_reward"}),
     "nonfinite_updates": (nonfinite_trace, {"nonfinite_updates"}),
     "grad_explosion": (grad_explosion_trace, {"grad_explosion"}),
+    "inert_clipping": (inert_clipping_trace, {"inert_clipping"}),
+    "zero_advantage": (zero_advantage_trace, {"zero_advantage"}),
+    "mismatch_with_staleness": (staleness_trace, {"mismatch_with_staleness"}),
+    "routing_mismatch": (routing_mismatch_trace, {"routing_mismatch"}),
 }
 
 
@@ -195,5 +247,7 @@ def traces() -> SimpleNamespace:
     return SimpleNamespace(
         TRACES=TRACES, healthy=healthy_trace, zero_variance=zero_variance_trace,
         nonfinite=nonfinite_trace, entropy_collapse=entropy_collapse_trace,
-        write_run=write_run,
+        inert_clipping=inert_clipping_trace, zero_advantage=zero_advantage_trace,
+        staleness=staleness_trace, routing_mismatch=routing_mismatch_trace,
+        CLIP_SETUP=CLIP_SETUP, write_run=write_run,
     )

@@ -78,8 +78,9 @@ def test_report_writes_nonempty_pngs_and_index(traces, tmp_path):
     run = traces.write_run(tmp_path / "run", traces.entropy_collapse(), _config("dapo", []))
     assert run_cli("report", str(run)) == 0
     pngs = _pngs(run / "report")
-    expected = {"reward", "reward_components", "entropy", "length", "truncation", "clip", "kl",
-                "grad_norm", "mismatch", "zero_variance", "time", "throughput"}
+    expected = {"reward", "reward_components", "entropy", "entropy_tail", "length", "truncation",
+                "clip", "ratio", "kl", "grad_norm", "mismatch", "zero_variance", "batch", "time",
+                "throughput"}
     assert set(pngs) == expected
     for png in pngs.values():
         data = png.read_bytes()
@@ -112,3 +113,31 @@ def test_compare_overlays_runs_with_preset_legend(traces, tmp_path):
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in pngs.values())
     page = (out / "index.html").read_text()
     assert "base: grpo" in page and "higher: dapo algo.eps_high=0.3 run.seed=1" in page
+
+
+def test_run_labels_keep_only_what_differs(tmp_path):
+    from grpoplus.metrics.commands import run_labels
+
+    common = ["run.out=/home/user/experiments/ablations/2025-06/", "rollout.prompts_per_step=32",
+              "run.max_steps=300"]
+    dirs = [tmp_path / n for n in ("base", "dapo_eps_high_0.3", "hi_temp", "seed1")]
+    configs = [_config("grpo", common), _config("dapo", common + ["algo.eps_high=0.3"]),
+               _config("dapo", common + ["rollout.temperature=1.2"]),
+               _config("dapo", common + ["run.seed=1"])]
+    labels = run_labels([str(d) for d in dirs], configs)
+    # the shared overrides and run.out are gone; keys lose their section; the second run's
+    # name already says eps_high 0.3, the fourth's its seed; runs that did not override a
+    # key say nothing about it
+    assert labels == ["base: grpo", "dapo_eps_high_0.3", "hi_temp: dapo temperature=1.2",
+                      "seed1: dapo"]
+
+
+def test_run_labels_disambiguate_equal_names_and_stay_short(tmp_path):
+    from grpoplus.metrics.commands import run_labels
+
+    dirs = [str(tmp_path / "sweep_a" / "seed0"), str(tmp_path / "sweep_b" / "seed0")]
+    configs = [_config("dapo", ["data.data=/very/long/path/to/a/dataset/file_number_one.jsonl"]),
+               _config("dapo", ["data.data=/very/long/path/to/b/dataset/file_number_two.jsonl"])]
+    a, b = run_labels(dirs, configs)
+    assert a.startswith("sweep_a/seed0: data=") and b.startswith("sweep_b/seed0: data=")
+    assert a != b and len(a) <= 48 and "…" in a

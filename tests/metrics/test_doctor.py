@@ -14,6 +14,7 @@ from grpoplus.metrics import (
 CODES = {
     "entropy_collapse", "length_explosion", "incorrect_longer", "zero_variance",
     "mismatch_rising", "reward_hacking", "noisy_reward", "nonfinite_updates", "grad_explosion",
+    "inert_clipping", "zero_advantage", "mismatch_with_staleness", "routing_mismatch",
 }
 
 
@@ -21,14 +22,11 @@ def test_every_finding_code_is_a_registered_check():
     assert set(CHECKS.names()) == CODES
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["healthy", "entropy_collapse", "length_explosion", "incorrect_longer", "zero_variance",
-     "mismatch_rising", "reward_hacking", "noisy_reward", "nonfinite_updates", "grad_explosion"],
-)
+@pytest.mark.parametrize("name", sorted(CODES | {"healthy"}))
 def test_each_trace_produces_exactly_its_findings(traces, name):
     make, expected = traces.TRACES[name]
-    findings = diagnose(make())
+    # the default setup: a clip loss with one update per rollout batch
+    findings = diagnose(make(), batch_info=traces.CLIP_SETUP)
     assert {f.code for f in findings} == expected
     for f in findings:
         assert f.severity in ("warning", "severe")
@@ -121,3 +119,101 @@ def test_one_line_warning(traces):
     (finding,) = diagnose(traces.nonfinite())
     line = finding.one_line()
     assert "\n" not in line and line.startswith("[doctor] severe: nonfinite_updates")
+
+
+def _codes(records, info=None, th=None):
+    return {f.code for f in diagnose(records, th, info)}
+
+
+def test_inert_clipping_needs_a_ratio_bounded_loss_and_a_ratio_stuck_at_one(traces):
+    records = traces.inert_clipping()
+    (finding,) = diagnose(records, batch_info=traces.CLIP_SETUP)
+    assert "1 update(s) per rollout batch" in finding.evidence
+    assert "num_minibatches=16" in finding.fix
+    assert _codes(records) == set()  # the loss is unknown: cannot say the clip is inert
+    assert _codes(records, {"loss": "reinforce"}) == set()  # no clip to be inert
+    # several updates per batch move the ratio: 1.3 on the healthy trace, silent
+    assert _codes(traces.healthy(), {"loss": "cispo", "updates_per_batch": 16}) == set()
+    # one step off-policy (ratio 1.001 > tol) is enough to keep it silent
+    records[30]["loss/ratio_max"] = 1.001
+    assert _codes(records, traces.CLIP_SETUP) == set()
+
+
+def test_inert_clipping_fires_within_the_first_steps(traces):
+    assert _codes(traces.inert_clipping()[:5], traces.CLIP_SETUP) == {"inert_clipping"}
+    assert _codes(traces.inert_clipping()[:4], traces.CLIP_SETUP) == set()
+
+
+def test_zero_advantage_fires_within_the_first_steps(traces):
+    records = traces.zero_advantage()
+    (finding,) = diagnose(records[:5])  # 5 = structural_min_steps < min_steps = 20
+    assert finding.severity == "severe" and "steps 0-4" in finding.evidence
+    assert diagnose(records[:4]) == []
+    # one step with spread among the last five: the run can learn
+    records[3]["groups/zero_std_frac"] = 0.9
+    assert diagnose(records[:5]) == []
+
+
+def test_zero_advantage_from_a_group_of_one(traces):
+    (finding,) = diagnose(traces.healthy()[:1], batch_info={"group_size": 1})
+    assert finding.code == "zero_advantage" and "group_size = 1" in finding.evidence
+
+
+def test_nearly_all_zero_spread_is_zero_variance_not_zero_advantage(traces):
+    assert _codes(traces.zero_variance(0.95)) == {"zero_variance"}
+
+
+def test_live_doctor_names_zero_advantage_before_the_first_period(traces):
+    records = traces.zero_advantage(n=30)
+    live = LiveDoctor(every=10)
+    first = next(step for step in range(1, 30)
+                 if live.due(step) and live.check(records[: step + 1]))
+    assert first == 5
+    assert not LiveDoctor(every=0).due(10)
+
+
+def test_mismatch_with_staleness_fires_only_when_they_move_together(traces):
+    (finding,) = diagnose(traces.staleness(coupled=True))
+    assert finding.code == "mismatch_with_staleness"
+    assert "rank correlation" in finding.evidence and "max_staleness" in finding.fix
+    assert "now 4" in diagnose(traces.staleness(), batch_info={"max_staleness": 4})[0].fix
+    assert diagnose(traces.staleness(coupled=False)) == []  # staleness varies, mismatch flat
+
+
+def test_mismatch_with_staleness_thresholds(traces):
+    records = traces.staleness()
+    assert diagnose(records, DoctorThresholds(staleness_corr_min=0.99)) == []
+    assert diagnose(records, DoctorThresholds(staleness_mismatch_ratio=10.0)) == []
+
+
+def test_routing_mismatch_names_the_worst_layer(traces):
+    (finding,) = diagnose(traces.routing_mismatch(0.2))
+    assert "worst layer layer7" in finding.evidence and "routing_replay=r3" in finding.fix
+    (on,) = diagnose(traces.routing_mismatch(0.2), batch_info={"routing_replay": "r3"})
+    assert "routing replay r3 is on" in on.fix
+    assert diagnose(traces.routing_mismatch(0.05)) == []
+    assert diagnose(traces.routing_mismatch(0.05), DoctorThresholds(routing_mismatch_max=0.04))
+
+
+def test_zero_variance_with_dynamic_sampling_says_what_it_costs(traces):
+    records = traces.zero_variance(0.7)
+    for r in records:
+        r["sampling/oversample"] = 2.5
+    (finding,) = diagnose(records)
+    assert "draws 2.50x" in finding.evidence and "already drops them" in finding.fix
+    for r in records:  # a run written before sampling/oversample: kept / drawn = 0.4
+        del r["sampling/oversample"]
+        r["sampling/kept_frac"] = 0.4
+    assert "draws 2.50x" in diagnose(records)[0].evidence
+
+
+def test_batch_info_from_config():
+    from grpoplus.metrics.doctor import batch_info_from_config
+
+    config = {"rollout": {"group_size": 8, "prompts_per_step": 32, "max_staleness": 2},
+              "algo": {"loss": "clip", "num_iterations": 2, "num_minibatches": 4,
+                       "adv_estimator": "grpo"}}
+    assert batch_info_from_config(config) == {
+        "group_size": 8, "max_staleness": 2, "loss": "clip", "adv_estimator": "grpo",
+        "responses": 256, "updates_per_batch": 8}
+    assert batch_info_from_config({}) == {}

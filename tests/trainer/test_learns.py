@@ -11,7 +11,7 @@ from grpoplus.trainer import train
 def test_default_run_raises_held_out_accuracy(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path / "cache"))
     cfg = build_config("dapo", overrides=[f"out={tmp_path / 'run'}", "max_steps=60", "eval_every=60",
-                                          "eval_samples=0", "save_every=0", "progress=false", "tensorboard=false",
+                                          "eval_samples=0", "save_every=0", "progress=false", "loggers=[]",
                                           "doctor_every=0"])
     records = train(cfg)
     before = records[0]["eval/accuracy"]

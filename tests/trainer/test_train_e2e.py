@@ -18,7 +18,7 @@ from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
-         "progress=false", "tensorboard=false", "doctor_every=2", "micro_batch_size=8"]
+         "progress=false", "loggers=[]", "doctor_every=2", "micro_batch_size=8"]
 
 
 @pytest.fixture(scope="module")
