@@ -37,7 +37,7 @@ from grpoplus.tasks import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 """Bump when the warm-start code changes what it builds: old caches are then not reused."""
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "recipe.json")
