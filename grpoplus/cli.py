@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     from grpoplus.rewards import RewardError
+    from grpoplus.rollout import EngineError
 
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RewardError) as err:
+    except (ValueError, FileNotFoundError, ImportError, RewardError, EngineError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -321,8 +321,10 @@ def _check(cfg: Config) -> None:
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
     from grpoplus.metrics import require_loggers
+    from grpoplus.rollout import require_engine
 
     require_loggers(cfg.run.loggers)
+    require_engine(cfg.rollout.engine)
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
         raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
