@@ -13,6 +13,9 @@ model produced anyway.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from functools import partial
+
 import torch
 
 from grpoplus.rollout.base import Rollouts
@@ -63,7 +66,8 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return out
 
 
-def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy):
+def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+                  routing=None):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
@@ -78,8 +82,10 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # same convention as the engine
     # The logits at positions P'-1 .. P'+t1-2 predict the response tokens 0 .. t1-1.
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
+    # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
+    with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
     tokens = response_ids[:, :t1]
     logp = torch.cat([TokenLogProb.apply(logits, tokens, temperature), logp[:, t1:]], 1)
     if with_entropy:
@@ -89,7 +95,7 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
 
 def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, micro_batch_size: int | None = None
+                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
@@ -103,6 +109,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         with_entropy: also return the per-token entropy of the same distribution (no grad).
         micro_batch_size: forward at most this many rows at a time (bounds activation
             memory for no-grad scoring; under grad all activations are kept anyway).
+        routing: MoE routing of the forwards (a ``grpoplus.learner.replay.LearnerRouting``, called
+            with each forward's row slice and input-column slice); None: the router's own choice.
 
     Returns:
         ``(logp [N, T] float32, entropy [N, T] float32 or None)``.
@@ -117,7 +125,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         raise ValueError(f"temperature must be > 0, got {temperature}")
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
-                           response_mask[i:i + step], temperature, with_entropy)
+                           response_mask[i:i + step], temperature, with_entropy,
+                           None if routing is None else partial(routing, slice(i, i + step)))
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

@@ -17,6 +17,7 @@ from grpoplus.algo import AlgoConfig, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.metrics.step import finite, reduce_metrics
 
 LOSS_KEYS = ("loss/policy", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
@@ -40,11 +41,13 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
     parts, entropies, losses = [], [], dict.fromkeys(LOSS_KEYS, 0.0)
+    tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
     for idx in torch.arange(len(batch.group_ids)).split(plan.micro_batch_size):
         mb = batch.rows(idx)
         logp, entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                          temperature=plan.temperature, with_entropy=fused)
+                                          temperature=plan.temperature, with_entropy=fused,
+                                          routing=training_routing(model, mb, plan, tally))
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
         entropies.append(entropy)
         loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
@@ -61,8 +64,20 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics(parts)
     out.update(losses)
+    out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, torch.cat(entropies) if fused else None
+
+
+def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: RoutingTally | None
+                     ) -> LearnerRouting | None:
+    """MoE routing of a training forward (ALGORITHMS.md section 8): R2 and R3 replay the batch's routing
+    (the learner's recorded one, the sampler's); off routes naturally and is measured against the
+    sampler's. None for a dense policy."""
+    if plan.routing_spec is None:
+        return None
+    return LearnerRouting(model, batch.routing, input_mask(batch.prompt_mask, batch.response_mask),
+                          replay=plan.routing_replay != "off", tally=tally)
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
@@ -75,6 +90,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     for _ in range(algo.num_iterations):
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
             metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan)
+            if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
+                metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped
             scheduler.step()
             parts.append((finite(metrics), 1.0))
