@@ -4,7 +4,9 @@ One rollout batch gives ``algo.updates_per_batch`` optimizer steps (ALGORITHMS.m
 section 7). Each optimizer step accumulates gradients over micro-batches; the loss
 denominators are those of the whole mini-batch (section 3), so the accumulated gradient
 equals the un-split one. A step whose loss or gradient is not finite is skipped and
-counted: the weights and the optimizer state are left untouched.
+counted: the weights and the optimizer state are left untouched. For an MoE policy every
+training forward replays the batch's routing (R2, R3) or routes naturally and is measured
+against the sampler's (off): ``moe/*`` metrics, :mod:`grpoplus.learner.replay`.
 """
 
 from __future__ import annotations
