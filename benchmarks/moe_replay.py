@@ -1,7 +1,7 @@
 """Routing replay on the tiny MoE (ALGORITHMS.md section 8): does replaying the expert routing
 change what token-level GRPO with several updates per batch does?
 
-    python benchmarks/moe_replay.py [--steps 40] [--seeds 0 1] [--out runs/moe_replay]
+    python benchmarks/moe_replay.py [--steps 40] [--seeds 0 1] [--setting default|stress] [--out runs/moe_replay]
 
 Four arms on ``--model tiny-moe`` (the warm start of seed 0 for every seed, so only the RL seed
 varies), task arithmetic, 16 prompts x 8 responses per step, no KL:
@@ -11,8 +11,11 @@ varies), task arithmetic, 16 prompts x 8 responses per step, no KL:
 - ``grpo_r2``: grpo_token + ``algo.routing_replay=r2``;
 - ``grpo_r3``: grpo_token + ``algo.routing_replay=r3``.
 
+Setting ``stress`` (``--setting stress``) raises the drift and opens a sampler/learner gap for
+every arm: learning rate 1e-3, 8 mini-batch updates, sampler weights rounded to bf16.
+
 Per run (means over the training steps): clip fraction (low + high), the token ratio's spread
-(``loss/ratio_max``: its mean, standard deviation and peak over steps; ``|loss/ratio_mean - 1|``;
+(``loss/ratio_max``: its mean, standard deviation, peak and mean log over steps; ``|loss/ratio_mean - 1|``;
 ``loss/approx_kl``), ``moe/routing_mismatch`` (all updates) and ``moe/routing_mismatch_first``
 (the first update of each batch), held-out accuracy (greedy and sampled, first and last
 evaluation) and seconds per step. :data:`EXPERIMENT` is the same description as data
@@ -38,13 +41,21 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 COMMON = ["task=arithmetic", "prompts_per_step=16", "group_size=8", "eval_every=20", "eval_size=200",
           "eval_samples=4", "save_every=0", "keep_checkpoints=1", "log_samples=0", "doctor_every=0", "loggers=[]",
           "progress=false", "threads=1"]
+SETTINGS: dict[str, list[str]] = {
+    "default": [],
+    # More drift per batch (8 updates at 5x the learning rate) and a sampler/learner precision gap
+    # (the sampler's weights rounded to bf16), so the sampler's routing differs from the learner's.
+    "stress": ["lr=1e-3", "num_minibatches=8", "quantization=bf16_rounded"],
+}
 BASELINE = "grpo_token"
 SAMPLED_EVALS = 200 * 4  # held-out prompts x samples: the binomial count behind eval/accuracy_sampled
 
 EXPERIMENT = {
     "name": "moe_routing_replay",
     "model": "tiny-moe (warm start of seed 0 for every seed)",
-    "arms": {name: {"preset": preset, "overrides": [*overrides, *COMMON]} for name, (preset, overrides) in ARMS.items()},
+    "arms": {name: {"preset": preset, "overrides": [*overrides, *COMMON]}
+             for name, (preset, overrides) in ARMS.items()},
+    "settings": SETTINGS,
     "seeds": [0, 1],
     "steps": 40,
     "metrics": ["loss/clip_frac_low + loss/clip_frac_high", "loss/ratio_max", "loss/ratio_mean", "loss/approx_kl",
@@ -69,7 +80,7 @@ def summarise(records: list[dict]) -> dict[str, float]:
     out = {
         "clip_frac": statistics.fmean(series(lambda r: r["loss/clip_frac_low"] + r["loss/clip_frac_high"])),
         "ratio_max": statistics.fmean(ratio_max), "ratio_max_std": statistics.pstdev(ratio_max),
-        "ratio_max_peak": max(ratio_max),
+        "ratio_max_peak": max(ratio_max), "log_ratio_max": statistics.fmean(math.log(v) for v in ratio_max),
         "ratio_mean_dev": statistics.fmean(series(lambda r: abs(r["loss/ratio_mean"] - 1.0))),
         "approx_kl": statistics.fmean(series(lambda r: r["loss/approx_kl"])),
         "routing_mismatch": statistics.fmean(series(lambda r: r["moe/routing_mismatch"])),
@@ -84,12 +95,12 @@ def summarise(records: list[dict]) -> dict[str, float]:
     return {k: round(v, 5) for k, v in out.items()}
 
 
-def run_arm(name: str, seed: int, steps: int, model: str, out: Path) -> dict[str, float]:
+def run_arm(name: str, seed: int, steps: int, model: str, out: Path, setting: list[str]) -> dict[str, float]:
     from grpoplus.config import build_config
     from grpoplus.trainer import train
 
     preset, overrides = ARMS[name]
-    cfg = build_config(preset, overrides=[*overrides, *COMMON, f"max_steps={steps}", f"seed={seed}",
+    cfg = build_config(preset, overrides=[*overrides, *COMMON, *setting, f"max_steps={steps}", f"seed={seed}",
                                           f"learner.model={model}", f"out={out / f'{name}-s{seed}'}", "overwrite=true"])
     return summarise(train(cfg))
 
@@ -112,7 +123,8 @@ def verdict(results: dict[str, dict[int, dict[str, float]]]) -> list[str]:
         se = math.sqrt(2 * p * (1 - p) / (SAMPLED_EVALS * len(seeds)))
         shift = statistics.fmean(d_ratio)
         ratio = ("ratio tamed" if all(d < 0 for d in d_ratio) and shift < -2 * se_ratio else
-                 "ratio wilder" if all(d > 0 for d in d_ratio) and shift > 2 * se_ratio else "no resolvable ratio change")
+                 "ratio wilder" if all(d > 0 for d in d_ratio) and shift > 2 * se_ratio else
+                 "no resolvable ratio change")
         acc = "accuracy differs" if abs(d_acc) > 2 * se else "no resolvable accuracy difference"
         lines.append(f"{arm} vs {BASELINE}: {ratio} (d ratio_max per seed {[round(d, 3) for d in d_ratio]}, "
                      f"2 SE {2 * se_ratio:.3f}); "
@@ -122,7 +134,7 @@ def verdict(results: dict[str, dict[int, dict[str, float]]]) -> list[str]:
 
 def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
     """Markdown: one row per arm, seed means with the per-seed values in brackets."""
-    keys = ["clip_frac", "ratio_max", "ratio_max_std", "ratio_max_peak", "ratio_mean_dev", "approx_kl",
+    keys = ["clip_frac", "ratio_max", "ratio_max_std", "ratio_max_peak", "log_ratio_max", "ratio_mean_dev", "approx_kl",
             "routing_mismatch", "routing_mismatch_first", "acc_start", "acc_end", "acc_sampled_end", "step_s"]
     rows = ["| arm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for arm, runs in results.items():
@@ -139,6 +151,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=EXPERIMENT["steps"])
     parser.add_argument("--seeds", type=int, nargs="+", default=EXPERIMENT["seeds"])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--setting", default="default", choices=list(SETTINGS))
     parser.add_argument("--out", default="runs/moe_replay")
     args = parser.parse_args()
     from grpoplus.models.warmstart import build_warmstart
@@ -150,7 +163,7 @@ def main() -> None:
     for seed in args.seeds:  # seeds outermost: a cut-short run still has every arm of the first seed
         for arm in args.arms:
             t0 = time.perf_counter()
-            results[arm][seed] = run_arm(arm, seed, args.steps, model, out)
+            results[arm][seed] = run_arm(arm, seed, args.steps, model, out, SETTINGS[args.setting])
             print(f"{arm} seed {seed}: {time.perf_counter() - t0:.0f} s {json.dumps(results[arm][seed])}", flush=True)
             (out / "summary.json").write_text(json.dumps(results, indent=1))
     print(table(results))
