@@ -1,10 +1,16 @@
 """Where the time of a grpoplus step goes on SmolLM2-135M (fp32, CPU), against the hardware's bounds.
 
     python benchmarks/profile_smollm2.py data --out /tmp/gsm_like.jsonl       # GSM8K-like problems
-    python benchmarks/profile_smollm2.py parts [--threads 1] [--repeats 3]    # decode and learner alone
-    python benchmarks/profile_smollm2.py step --data /tmp/gsm_like.jsonl [--steps 3] [--profile]
+    python benchmarks/profile_smollm2.py parts [--threads 1,2] [--repeats 3]  # decode and learner alone
+    python benchmarks/profile_smollm2.py step --data /tmp/gsm_like.jsonl [--steps 3] [--profile] [key=value ...]
 
-``parts`` times the decode of 4 prompts x 4 samples x 48 new tokens and one learner
+Run with ``OMP_WAIT_POLICY=PASSIVE`` on a shared machine (see NOTES-perf.md: spinning
+OpenMP threads slow everything several-fold when another process holds a core). The
+model is ``smollm2`` (GGUF, ~40 s to load) unless ``GRPOPLUS_SMOLLM2`` names a local
+Hugging Face dir saved from it (``model.save_pretrained(dir); tok.save_pretrained(dir)``,
+~6 s to load).
+
+``parts`` times (wall and CPU seconds) the decode of 4 prompts x 4 samples x 48 new tokens and one learner
 forward + backward of those rollouts, and prints them against the bounds: the decode
 against reading every weight once per step at 26 GB/s (and at the bandwidth this
 process measures right now, since other processes share the memory bus), the learner
@@ -88,14 +94,14 @@ def parts_once(model, tok, prompts, generator) -> dict:
     from grpoplus.rollout import HFEngine, SamplingParams
 
     now = machine_now()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     r = HFEngine(model, tok).generate(prompts, SamplingParams(n=4, max_new_tokens=48), generator=generator)
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     model.train()
     logp, _ = response_logprobs_from_rollouts(model, r, with_entropy=True)
     t2 = time.perf_counter()
     (logp * r.response_mask).sum().backward()
-    t3 = time.perf_counter()
+    c3, t3 = time.process_time(), time.perf_counter()
     model.zero_grad(set_to_none=True)
     model.eval()
     params = sum(p.numel() for p in model.parameters())
@@ -104,7 +110,8 @@ def parts_once(model, tok, prompts, generator) -> dict:
     seen = float(r.prompt_mask.sum() + r.response_mask.sum())  # real tokens of the learner forward
     learner_s = t3 - t1
     return {
-        **now, "decode_s": round(t1 - t0, 2), "decode_tok_s": round(generated / (t1 - t0), 1), "decode_steps": steps,
+        **now, "decode_s": round(t1 - t0, 2), "decode_cpu_s": round(c1 - c0, 2), "learner_cpu_s": round(c3 - c1, 2),
+        "decode_tok_s": round(generated / (t1 - t0), 1), "decode_steps": steps,
         # A decode step reads every weight once: the bandwidth floor; 2 flops per weight and row: the compute floor.
         "decode_bw_fraction": round(weight_bytes * steps / PEAK_GBS / 1e9 / (t1 - t0), 3),
         "decode_bw_fraction_now": round(weight_bytes * steps / now["now_gb_s"] / 1e9 / (t1 - t0), 3),
@@ -137,7 +144,7 @@ def run_parts(repeats: int, thread_counts: list[int]) -> None:
 
 
 PHASES = ("rollout", "logp_old_ref", "learner_forward", "optimizer")
-KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::addmm_", "aten::baddbmm")),
+KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::addmm_", "aten::baddbmm", "mkl::_mkl_linear")),
          ("attention", ("scaled_dot_product", "flash_attention")),
          ("softmax/logprob/sampling", ("softmax", "logsumexp", "cumsum", "searchsorted", "gather", "scatter",
                                       "exp", "multinomial", "exponential", "argmax", "sort")),
@@ -159,7 +166,9 @@ def label_phases(c) -> None:
     c.engine.generate = labelled("rollout", c.engine.generate)
     grpoplus.batching.learner_logprobs = labelled("logp_old_ref", grpoplus.batching.learner_logprobs)
     grpoplus.learner.update.response_logprobs = labelled("learner_forward", grpoplus.learner.update.response_logprobs)
-    c.optimizer.step = labelled("optimizer", c.optimizer.step)
+    label = torch.profiler.record_function("optimizer")  # hooks, as wrapping step() upsets the LR scheduler
+    c.optimizer.register_step_pre_hook(lambda *_: None if label.__enter__() else None)
+    c.optimizer.register_step_post_hook(lambda *_: label.__exit__(None, None, None))
 
 
 def split_profile(events) -> dict:
@@ -197,13 +206,14 @@ def run_step(data: str, steps: int, profile: bool, preset: str | None, overrides
     for step in range(1, steps + 1):
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) \
             if profile and step == steps else None
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         if prof:
             with prof:
                 metrics, scored = train_step(cfg, c, step)
         else:
             metrics, scored = train_step(cfg, c, step)
-        record = {"step": step, "step_s": round(time.perf_counter() - t0, 2), "load_avg_1min": os.getloadavg()[0]}
+        record = {"step": step, "step_s": round(time.perf_counter() - t0, 2),
+                  "cpu_s": round(time.process_time() - c0, 2), "load_avg_1min": os.getloadavg()[0]}
         record.update({k: round(metrics[k], 3) for k in ("time/rollout_s", "time/reward_s", "time/learner_s",
                                                           "sampling/rounds", "length/mean", "reward/mean")
                        if k in metrics})

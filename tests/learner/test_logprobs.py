@@ -167,8 +167,8 @@ def test_peak_tensor_does_not_grow_with_vocab_times_tokens(monkeypatch, hook):
     from grpoplus.models.tiny import tiny_config
 
     monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", 4 * 20000)  # 4 tokens per chunk
-    model = LlamaForCausalLM(tiny_config(20000, size="nano", hidden_size=8, num_attention_heads=2, num_key_value_heads=2,
-                                         intermediate_size=16))
+    model = LlamaForCausalLM(tiny_config(20000, size="nano", hidden_size=8, num_attention_heads=2,
+                                         num_key_value_heads=2, intermediate_size=16))
     if hook:
         model.lm_head.register_forward_hook(lambda mod, inp, out: out)
     gen = torch.Generator().manual_seed(0)
