@@ -60,7 +60,8 @@ def build(cfg: Config) -> Components:
                             max_new_tokens=cfg.rollout.max_new_tokens)
     collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
     learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old, cfg.algo.routing_replay, routing)
+                               logp_old, micro_batch_tokens=cfg.learner.micro_batch_tokens,
+                               routing_replay=cfg.algo.routing_replay, routing_spec=routing)
     return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
                       scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
                       collect_plan, learner_plan)

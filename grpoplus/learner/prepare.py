@@ -32,6 +32,7 @@ class LearnerPlan:
     micro_batch_size: int  # responses per forward/backward
     max_grad_norm: float
     logp_old: str  # one of LOGP_OLD_MODES
+    micro_batch_tokens: int = 0  # > 0: micro-batches by (rows x padded width) token budget instead of row count
     routing_replay: str = "off"  # algo.routing_replay: off | r2 | r3
     routing_spec: RoutingSpec | None = None  # the policy's MoE routing shape; None for a dense policy
 

@@ -18,6 +18,7 @@ import torch
 from grpoplus.algo import AlgoConfig, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.metrics.step import finite, reduce_metrics
@@ -32,6 +33,15 @@ def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.
             for part in torch.tensor_split(groups, num_minibatches) if len(part)]
 
 
+def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
+    """Row indices of each forward/backward: by token budget (rows of similar length together,
+    little padding computed) or ``micro_batch_size`` rows in order."""
+    if plan.micro_batch_tokens:
+        lengths = torch.stack([batch.prompt_mask.sum(1), batch.response_mask.sum(1)], 1).long().cpu()
+        return plan_micro_batches(lengths, plan.micro_batch_tokens)
+    return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
+
+
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
                    ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
@@ -42,16 +52,18 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
         raise ValueError(f"learner plan takes logp_old from {plan.logp_old!r} but the batch "
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
-    parts, entropies, losses = [], [], dict.fromkeys(LOSS_KEYS, 0.0)
+    parts, losses = [], dict.fromkeys(LOSS_KEYS, 0.0)
+    entropy = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if fused else None
     tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
-    for idx in torch.arange(len(batch.group_ids)).split(plan.micro_batch_size):
+    for idx in micro_batches(batch, plan):
         mb = batch.rows(idx)
-        logp, entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                          temperature=plan.temperature, with_entropy=fused,
-                                          routing=training_routing(model, mb, plan, tally))
+        logp, mb_entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                             mb.response_mask, temperature=plan.temperature, with_entropy=fused,
+                                             routing=training_routing(model, mb, plan, tally))
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
-        entropies.append(entropy)
+        if fused:
+            entropy[idx.to(entropy.device)] = mb_entropy.to(entropy.dtype)
         loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
                                     logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm)
         loss.backward()
@@ -68,7 +80,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     out.update(losses)
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, torch.cat(entropies) if fused else None
+    return out, stepped, entropy
 
 
 def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: RoutingTally | None

@@ -64,11 +64,12 @@ def learner_logp(model, r: Rollouts, routing):
                              micro_batch_size=5, routing=routing)[0]
 
 
-def train(model, rollouts, mode, *, lr=1e-2, num_minibatches=2, micro=8):
+def train(model, rollouts, mode, *, lr=1e-2, num_minibatches=2, micro=8, micro_tokens=0):
     """prepare + update_policy with SGD; returns (batch, metrics, router grads of the last step)."""
     algo = AlgoConfig.preset("grpo", beta=0.0, aggregation="token_mean", num_minibatches=num_minibatches,
                              routing_replay=mode, max_len=8)
-    plan = LearnerPlan(1.0, micro, 1e9, logp_old_mode(algo, "auto", False), mode, routing_spec(model))
+    plan = LearnerPlan(1.0, micro, 1e9, logp_old_mode(algo, "auto", False), micro_batch_tokens=micro_tokens,
+                       routing_replay=mode, routing_spec=routing_spec(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     grads = {}
@@ -153,13 +154,15 @@ def test_gradients_reach_the_router_under_replay(tok, mode):
     assert metrics["optim/skipped_updates"] == 0.0
 
 
-def test_a_routing_flip_shows_in_the_metrics_with_replay_off(tok):
+@pytest.mark.parametrize("micro_tokens", [0, 60])  # rows in order / by token budget (rows regrouped)
+def test_a_routing_flip_shows_in_the_metrics_with_replay_off(tok, micro_tokens):
     learner = sharp_moe(tok)
     unchanged = sample(learner, tok)
     _, same, _ = train(copy.deepcopy(learner), unchanged, "off", lr=0.0, num_minibatches=1)
     assert same["moe/routing_mismatch"] == 0.0 and same["moe/routing_mismatch_first"] == 0.0
     flipped = sample(perturbed(learner), tok)
-    _, metrics, _ = train(copy.deepcopy(learner), flipped, "off", lr=0.0, num_minibatches=1)
+    _, metrics, _ = train(copy.deepcopy(learner), flipped, "off", lr=0.0, num_minibatches=1,
+                          micro_tokens=micro_tokens)
     # Expected: the share of real token-layer choices where the learner's own top-2 set differs.
     mask = input_mask(flipped.prompt_mask, flipped.response_mask)
     own = natural_routing(learner, flipped)

@@ -27,14 +27,14 @@ def _batch(tokenizer, n=8, t=5, seed=0) -> TrainBatch:
                       torch.arange(n) // 4)
 
 
-def _grads_after_step(model, batch, algo, micro):
+def _grads_after_step(model, batch, algo, micro, tokens=0):
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves weights, we read grads
     captured = {}
     hooks = [p.register_post_accumulate_grad_hook(lambda p: captured.__setitem__(p, p.grad.clone()))
              for p in model.parameters()]
     mode = "forward" if batch.logp_old is None else "recompute"
-    optimizer_step(model, opt, batch, algo, LearnerPlan(1.0, micro, 1e9, mode))
+    optimizer_step(model, opt, batch, algo, LearnerPlan(1.0, micro, 1e9, mode, micro_batch_tokens=tokens))
     for h in hooks:
         h.remove()
     return [captured[p] for p in model.parameters() if p in captured]
@@ -51,9 +51,11 @@ def test_micro_batches_give_the_whole_batch_gradient_for_every_aggregation():
                                  corrections=("tis_token",))
         whole = _grads_after_step(model, batch, algo, micro=8)
         split = _grads_after_step(model, batch, algo, micro=3)  # 3 + 3 + 2 rows
-        assert len(whole) == len(split) > 0
-        for a, b in zip(whole, split):
+        by_tokens = _grads_after_step(model, batch, algo, micro=8, tokens=20)  # rows of 4 + 3..5 tokens: 2 a batch
+        assert len(whole) == len(split) == len(by_tokens) > 0
+        for a, b, c in zip(whole, split, by_tokens):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12)
 
 
 def test_non_finite_loss_skips_the_step_and_keeps_weights():
