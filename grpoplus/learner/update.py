@@ -13,8 +13,9 @@ import math
 
 import torch
 
-from grpoplus.algo import AlgoConfig, policy_loss, prepare_loss
+from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
+from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.metrics.step import finite, reduce_metrics
@@ -29,26 +30,31 @@ def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.
             for part in torch.tensor_split(groups, num_minibatches) if len(part)]
 
 
-def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
+def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
+                   entropy_coef: float | None = None, generator: torch.Generator | None = None
                    ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
+    ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
+    the forward then also takes the entropy with its gradient when ``algo.entropy_bonus``).
+    ``generator``: Clip-Cov's random token subset, seeded per optimizer step by the caller.
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
     fused = plan.logp_old_from_forward
     if fused != (batch.logp_old is None):
         raise ValueError(f"learner plan takes logp_old from {plan.logp_old!r} but the batch "
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
-    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
+    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
+                                   generator=generator)
     parts, entropies, losses = [], [], dict.fromkeys(LOSS_KEYS, 0.0)
     optimizer.zero_grad(set_to_none=True)
     for idx in torch.arange(len(batch.group_ids)).split(plan.micro_batch_size):
         mb = batch.rows(idx)
-        logp, entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                          temperature=plan.temperature, with_entropy=fused)
+        logp, entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus)
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
-        entropies.append(entropy)
+        entropies.append(None if entropy is None else entropy.detach())
         loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
-                                    logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm)
+                                    logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm.rows(idx),
+                                    entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
         loss.backward()
         for key in LOSS_KEYS:
             losses[key] += metrics.pop(key, 0.0)
@@ -65,21 +71,49 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     return out, stepped, torch.cat(entropies) if fused else None
 
 
-def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
-                  ) -> UpdateResult:
+def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool):
+    """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
+    metrics only (``with_entropy``), else None."""
+    if entropy_grad:
+        return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                             mb.response_mask, temperature=plan.temperature)
+    return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                             temperature=plan.temperature, with_entropy=with_entropy)
+
+
+def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
+    """The generator of one optimizer step's random token selection (Clip-Cov): seeded by the run
+    seed and the step's index, so a resumed run draws what the uninterrupted one drew."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + optimizer_step)
+
+
+def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
+                  entropy_control: EntropyControl | None = None, first_step: int = 0) -> UpdateResult:
     """All optimizer steps for one rollout batch; the entropy comes back when the training forward
-    measured it (pi_old from the forward: one update, so each row is seen once)."""
+    measured it (pi_old from the forward: one update, so each row is seen once).
+
+    ``entropy_control`` gives each step's bonus coefficient and is updated after each step with
+    the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
+    of this batch's first optimizer step (seeds Clip-Cov's selection)."""
     batch = batch.to(next(model.parameters()).device)
+    control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     model.train()
-    parts, skipped, entropy = [], 0, None
+    parts, skipped, entropy, k = [], 0, None, first_step
     for _ in range(algo.num_iterations):
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
-            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan)
+            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
+                                                       entropy_coef=control.applied_coef,
+                                                       generator=clip_cov_generator(plan.seed, k))
             skipped += not stepped
+            k += 1
             scheduler.step()
+            if algo.entropy_bonus and stepped and math.isfinite(metrics.get("loss/entropy", math.nan)):
+                control.update(metrics["loss/entropy"])
             parts.append((finite(metrics), 1.0))
     model.eval()
     out = reduce_metrics(parts)
     out["optim/skipped_updates"] = float(skipped)
     out["optim/lr"] = optimizer.param_groups[0]["lr"]
+    if algo.entropy_bonus:
+        out.update(control.metrics())
     return UpdateResult(out, None if entropy is None else entropy.cpu())
