@@ -81,15 +81,23 @@ def phase(what: str):
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
     from grpoplus.models.load import load_policy
+
+    d = cfg.data
+    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
+        model, tokenizer = load_policy(cfg.learner.model, task=d.task if d.data is None else None,
+                                       difficulty=d.difficulty, device=cfg.learner.device, seed=cfg.run.seed,
+                                       eval_seed=d.eval_seed)
+    return (*build_data(cfg, tokenizer), model, tokenizer)
+
+
+def build_data(cfg: Config, tokenizer) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems)."""
     from grpoplus.tasks import get_task, without_prompts
     from grpoplus.tasks.dataset import dataset_task
 
     d = cfg.data
-    builtin = d.data is None
-    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
-        model, tokenizer = load_policy(cfg.learner.model, task=d.task if builtin else None, difficulty=d.difficulty,
-                                       device=cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed)
-    if builtin:
+    if d.data is None:
         kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
         task = get_task(d.task, seed=cfg.run.seed, **kwargs)
         held_out = task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs)
@@ -97,7 +105,7 @@ def build_task_and_model(cfg: Config):
     else:  # the held-out rows of a split data set are chosen by eval_seed
         task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
         test = list(task.split("test"))
-    return task, without_prompts(task.split("train"), test), test, model, tokenizer
+    return task, without_prompts(task.split("train"), test), test
 
 
 def build_rewards(cfg: Config, task):

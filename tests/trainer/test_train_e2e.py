@@ -69,8 +69,28 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in records]
 
 
-def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
-    common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL]
+SPREAD_REWARD = ("def spread(prompts, completions, **fields):\n"
+                 "    return [len(c) % 3 / 2 for c in completions]\n")
+"""A reward with spread even for an untrained nano model (whose task reward is always 0)."""
+
+RESUME_CASES = {
+    "dapo": [],
+    # Adaptive entropy control: a target above the nano model's entropy (ln 98 = 4.6) makes c rise by
+    # delta every step, so a resume that lost the controller's state would apply another c.
+    "skywork_or1": ["--preset", "skywork_or1", "zero_variance_filter=false", "entropy_target=10"],
+    # Clip-Cov: a wide covariance band and ratio so a random subset is restrained every optimizer step
+    # (4 per batch here), with 2 micro-batches per step.
+    "clip_cov": ["--preset", "clip_cov", "cov_lb=-100", "cov_ub=100", "cov_ratio=0.2", "micro_batch_size=2",
+                 "rewards=[task,{reward}:spread]"],
+}
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path, case):
+    reward = tmp_path / "spread_reward.py"
+    reward.write_text(SPREAD_REWARD)
+    extra = [arg.format(reward=reward) for arg in RESUME_CASES[case]]
+    common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL, *extra]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert _cli(["--out", str(straight), *common], {}).returncode == 0
     run = _cli(["--out", str(killed), *common], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
@@ -79,10 +99,17 @@ def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
     resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(killed)],
                              env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert _comparable(read_metrics(killed)) == _comparable(read_metrics(straight))
+    records = read_metrics(straight)
+    assert _comparable(read_metrics(killed)) == _comparable(records)
     a = load_file(straight / "checkpoints" / "step-5" / "model.safetensors")
     b = load_file(killed / "checkpoints" / "step-5" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if case == "skywork_or1":  # the controller acted: c = delta after step 1, 5 * delta after step 5
+        assert [r["entropy/coef"] for r in records[1:]] == pytest.approx([0.005 * k for k in range(1, 6)])
+        assert records[5]["loss/entropy_bonus"] < 0
+    if case == "clip_cov":
+        assert all(r["loss/cov_selected_frac"] > 0 for r in records[1:] if "loss/cov_selected_frac" in r)
+        assert any("loss/cov_selected_frac" in r for r in records[1:])
 
 
 def test_resume_with_a_larger_max_steps_continues(nano_dir, tmp_path):
