@@ -339,7 +339,8 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
             if allowed and value not in allowed:
                 raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
         sections[section] = cls(**kwargs)
-    algo_values = dict(values["algo"])
+    hints = {f.name: f.type for f in dataclasses.fields(AlgoConfig)}  # YAML reads 1e-6 as a string: coerce
+    algo_values = {name: _coerce(f"algo.{name}", v, hints[name]) for name, v in values["algo"].items()}
     algo_values["max_len"] = sections["rollout"].max_new_tokens  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)
@@ -382,10 +383,10 @@ def _check_group_size(cfg: Config) -> None:
     from grpoplus.algo import ADVANTAGES
 
     if cfg.rollout.group_size == 1 and getattr(ADVANTAGES.get(cfg.algo.adv_estimator), "group_relative", False):
-        what = "each component's " if cfg.algo.reward_aggregation == "gdpo" else ""
-        raise ValueError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: the baseline is "
-                         f"{what}group's mean, so a group of one response has advantage 0 and nothing is learned; "
-                         "set rollout.group_size >= 2 (8 by default)")
+        per = ", per reward component (GDPO)," if cfg.algo.reward_aggregation == "gdpo" else ""
+        raise ValueError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: it compares each "
+                         f"response with the others of its group{per} so a group of one response has advantage 0 "
+                         "and nothing is learned; set rollout.group_size >= 2 (8 by default)")
 
 
 def _check_packages(cfg: Config) -> None:

@@ -124,3 +124,9 @@ def test_parse_override_types_values():
     assert parse_override("corrections=[tis_token, geo_mask]") == ("corrections", ["tis_token", "geo_mask"])
     assert parse_override("beta=0") == ("beta", 0)
     assert "eps_high" in describe_keys()
+
+
+def test_algo_floats_written_without_a_dot_are_floats():
+    # YAML 1.1 reads 1e-6 (no dot) as a string; every section coerces it like the others.
+    cfg = build_config("grpo", overrides=["rs_threshold=1e-6", "correction_cap_low=5e-1"])
+    assert cfg.algo.rs_threshold == 1e-6 and cfg.algo.correction_cap_low == 0.5
