@@ -83,8 +83,10 @@ def next_draw(plan: CollectPlan, rounds: int, groups_drawn: int, groups_kept: in
     The shortfall ``S = prompts_per_step - groups_kept`` divided by the kept fraction seen so
     far this step (``groups_kept / groups_drawn``), rounded up: the expected number of
     draws that yields S groups with spread. So one failing group costs a handful of extra
-    prompts, not a whole second batch (DAPO re-draws full batches). Capped at
-    ``prompts_per_step``, the batch the engine is sized for; with nothing kept yet, a full batch.
+    prompts, not a whole second batch. (verl's DAPO recipe over-samples by a fixed factor, 3 x
+    the training batch per generation round, and repeats whole rounds; here the factor is the
+    inverse kept fraction the step has measured.) Capped at ``prompts_per_step``, the batch the
+    engine is sized for; with nothing kept yet, a full batch.
     """
     shortfall = plan.prompts_per_step - groups_kept
     if plan.group_filter != "dynamic" or rounds >= plan.max_rounds or shortfall <= 0:

@@ -406,11 +406,11 @@ def _check_packages(cfg: Config) -> None:
 
 
 def describe_keys(cfg: Config | None = None) -> str:
-    """Every key with its value in ``cfg`` (default: the defaults, the dapo preset's for algo) and
-    its doc (for ``--help-config``)."""
+    """Every key with its value in ``cfg`` (default: the default config, the dapo preset's algo
+    section) and its doc (for ``--help-config``)."""
     import textwrap
 
-    cfg = cfg or Config()
+    cfg = cfg or build_config()
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"[{section}]")
