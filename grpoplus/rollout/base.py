@@ -50,12 +50,30 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         """Load the learner's current weights; ``version`` is tagged on later rollouts."""
 
+    def offload(self) -> None:
+        """Free device memory the learner needs during its update (``sync_weights`` brings the engine back)."""
+
     def close(self) -> None:
         """Release the engine's processes and memory (idempotent)."""
 
 
-# name -> factory(model, tokenizer, options: EngineOptions) -> RolloutEngine
+# name -> factory(model, tokenizer, options: EngineOptions) -> RolloutEngine. A factory may carry
+# ``requires = (module, install hint)``: the config check names the hint when the module is missing.
 ENGINES: Registry = Registry("rollout engine")
+
+
+class EngineError(RuntimeError):
+    """A rollout engine failed in a way the run cannot survive; the message names the engine and the fix."""
+
+
+def require_engine(name: str) -> None:
+    """The engine ``name`` exists and its package is installed (checked before anything is loaded)."""
+    import importlib.util
+
+    factory = ENGINES.get(name)
+    module, hint = getattr(factory, "requires", (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ImportError(f"rollout.engine={name} needs the {module} package, which is not installed: {hint}")
 
 
 def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:
@@ -78,11 +96,11 @@ def check_rollouts(rollouts: Rollouts, n_prompts: int, params: SamplingParams, e
     expected = n_prompts * params.n
     got = rollouts.response_ids.shape[0]
     if got != expected or len(rollouts.texts) != expected:
-        raise RuntimeError(f"rollout engine {engine!r} returned {got} completions for {n_prompts} prompts x "
+        raise EngineError(f"rollout engine {engine!r} returned {got} completions for {n_prompts} prompts x "
                            f"n={params.n} = {expected}; the engine is broken or was interrupted")
     logp = rollouts.logp_roll[rollouts.response_mask > 0]
     if not torch.isfinite(logp).all():
         bad = int((~torch.isfinite(logp)).sum())
-        raise RuntimeError(f"rollout engine {engine!r} returned {bad} non-finite log-probs (NaN/inf) for sampled "
+        raise EngineError(f"rollout engine {engine!r} returned {bad} non-finite log-probs (NaN/inf) for sampled "
                            "tokens; check the model's weights and the engine's dtype/quantization")
     return rollouts

@@ -126,6 +126,9 @@ class HFEngine:
         self.model = sampler_model(model, self.quantization)
         self.version = version
 
+    def offload(self) -> None:
+        """Nothing to free: the engine samples with the learner's module (or a small copy of it)."""
+
     def close(self) -> None:
         """Nothing to release: the engine lives in the learner's process."""
 

