@@ -61,7 +61,8 @@ def build(cfg: Config) -> Components:
                             max_new_tokens=cfg.rollout.max_new_tokens)
     collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
     learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None), seed=cfg.run.seed,
+                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None),
+                               micro_batch_tokens=cfg.learner.micro_batch_tokens, seed=cfg.run.seed,
                                reward_weights=tuple((c.name, c.weight) for c in scorer.pipeline.components))
     return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
                       scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),

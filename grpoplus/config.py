@@ -145,6 +145,9 @@ class LearnerConfig:
     """Clip the global gradient norm of each optimizer step to this."""
     micro_batch_size: int = 64
     """Responses per forward/backward; gradients are accumulated with exact normalisation."""
+    micro_batch_tokens: int = 0
+    """> 0: form micro-batches by a token budget instead (rows x padded width <= this; rows of similar
+    length together, so little padding is computed); 0 = micro_batch_size rows in order."""
     logp_old: str = "auto"
     """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
     update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch
@@ -355,6 +358,9 @@ def _check(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
+    if cfg.learner.micro_batch_tokens < 0:
+        raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
+                         f"got {cfg.learner.micro_batch_tokens}")
     from grpoplus.metrics import require_loggers
     from grpoplus.rollout import require_engine
 

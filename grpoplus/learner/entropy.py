@@ -70,9 +70,11 @@ def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tens
                                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
 
-    The same forward as :func:`grpoplus.learner.logprobs.response_logprobs` (left prompt and
-    right response columns that are padding in every row trimmed, the engine's position ids),
-    with the entropy taken by :class:`TokenEntropy` from the same logits.
+    The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
+    (left prompt and right response columns that are padding in every row trimmed, the engine's
+    position ids), with the entropy taken by :class:`TokenEntropy` from the same logits. It
+    materialises the [n, T, V] logits, which the chunked-head path of ``response_logprobs`` avoids:
+    to be folded into that module (an ``entropy_grad`` option of its chunked head).
     """
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
@@ -80,12 +82,12 @@ def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tens
     t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
     n, T = response_ids.shape
     if t1 == 0:  # no response token at all: nothing to score
-        zeros = response_mask.new_zeros(n, T, dtype=torch.float32)
+        zeros = response_mask.new_zeros(n, T, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
         return zeros, zeros.clone()
     input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
     attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                    logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: position P'-1+t predicts token t
     mask = response_mask[:, :t1]
     logp = TokenLogProb.apply(logits, response_ids[:, :t1], temperature)

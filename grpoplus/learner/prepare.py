@@ -28,6 +28,7 @@ class LearnerPlan:
     micro_batch_size: int  # responses per forward/backward
     max_grad_norm: float
     logp_old: str  # one of LOGP_OLD_MODES
+    micro_batch_tokens: int = 0  # > 0: micro-batches by (rows x padded width) token budget instead of row count
     seed: int = 0  # the run seed: with the optimizer step's index it seeds Clip-Cov's token subset
     reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
 

@@ -17,6 +17,7 @@ from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.metrics.step import finite, reduce_metrics
 
@@ -28,6 +29,15 @@ def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.
     groups = torch.unique(group_ids)
     return [torch.nonzero(torch.isin(group_ids, part)).squeeze(1)
             for part in torch.tensor_split(groups, num_minibatches) if len(part)]
+
+
+def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
+    """Row indices of each forward/backward: by token budget (rows of similar length together,
+    little padding computed) or ``micro_batch_size`` rows in order."""
+    if plan.micro_batch_tokens:
+        lengths = torch.stack([batch.prompt_mask.sum(1), batch.response_mask.sum(1)], 1).long().cpu()
+        return plan_micro_batches(lengths, plan.micro_batch_tokens)
+    return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
@@ -45,16 +55,18 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
                                    generator=generator)
-    parts, entropies, losses = [], [], dict.fromkeys(LOSS_KEYS, 0.0)
+    parts, losses = [], dict.fromkeys(LOSS_KEYS, 0.0)
+    entropy = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if fused else None
     optimizer.zero_grad(set_to_none=True)
-    for idx in torch.arange(len(batch.group_ids)).split(plan.micro_batch_size):
+    for idx in micro_batches(batch, plan):
         mb = batch.rows(idx)
-        logp, entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus)
+        logp, mb_entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus)
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
-        entropies.append(None if entropy is None else entropy.detach())
+        if fused:
+            entropy[idx.to(entropy.device)] = mb_entropy.detach().to(entropy.dtype)
         loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
                                     logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm.rows(idx),
-                                    entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
+                                    entropy=mb_entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
         loss.backward()
         for key in LOSS_KEYS:
             losses[key] += metrics.pop(key, 0.0)
@@ -68,7 +80,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     out = reduce_metrics(parts)
     out.update(losses)
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, torch.cat(entropies) if fused else None
+    return out, stepped, entropy
 
 
 def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool):

@@ -27,11 +27,11 @@ def _batch(tokenizer, n=8, t=5, seed=0) -> TrainBatch:
                       torch.arange(n) // 4)
 
 
-def _grads_after_step(model, batch, algo, micro, **step_kwargs):
-    return _step(model, batch, algo, micro, **step_kwargs)[0]
+def _grads_after_step(model, batch, algo, micro, tokens=0, **step_kwargs):
+    return _step(model, batch, algo, micro, tokens, **step_kwargs)[0]
 
 
-def _step(model, batch, algo, micro, **step_kwargs):
+def _step(model, batch, algo, micro, tokens=0, **step_kwargs):
     """(gradients of one optimizer step, its metrics) on a copy of ``model``."""
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves weights, we read grads
@@ -39,7 +39,8 @@ def _step(model, batch, algo, micro, **step_kwargs):
     hooks = [p.register_post_accumulate_grad_hook(lambda p: captured.__setitem__(p, p.grad.clone()))
              for p in model.parameters()]
     mode = "forward" if batch.logp_old is None else "recompute"
-    metrics, _, _ = optimizer_step(model, opt, batch, algo, LearnerPlan(1.0, micro, 1e9, mode), **step_kwargs)
+    plan = LearnerPlan(1.0, micro, 1e9, mode, micro_batch_tokens=tokens)
+    metrics, _, _ = optimizer_step(model, opt, batch, algo, plan, **step_kwargs)
     for h in hooks:
         h.remove()
     return [captured[p] for p in model.parameters() if p in captured], metrics
@@ -61,9 +62,11 @@ def test_micro_batches_give_the_whole_batch_gradient_for_every_aggregation():
                                  corrections=("tis_token",))
         whole = _grads_after_step(model, batch, algo, micro=8)
         split = _grads_after_step(model, batch, algo, micro=3)  # 3 + 3 + 2 rows
-        assert len(whole) == len(split) > 0
-        for a, b in zip(whole, split):
+        by_tokens = _grads_after_step(model, batch, algo, micro=8, tokens=20)  # rows of 4 + 3..5 tokens: 2 a batch
+        assert len(whole) == len(split) == len(by_tokens) > 0
+        for a, b, c in zip(whole, split, by_tokens):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12)
 
 
 def test_non_finite_loss_skips_the_step_and_keeps_weights():
@@ -143,6 +146,8 @@ def test_clip_cov_and_kl_cov_accumulate_exactly_with_the_step_s_token_selection(
         whole, metrics = _step(model, batch, algo, 8, generator=torch.Generator().manual_seed(7))
         split = _grads_after_step(model, batch, algo, 3, generator=torch.Generator().manual_seed(7))
         _assert_same(whole, split)
+        by_tokens = _grads_after_step(model, batch, algo, 8, tokens=20, generator=torch.Generator().manual_seed(7))
+        _assert_same(whole, by_tokens)  # rows regrouped by length: the selection follows them (norm.rows)
         assert metrics["loss/cov_selected_frac"] > 0, name
         plain = _grads_after_step(model, batch, AlgoConfig.preset("grpo", beta=0.0, max_len=5,
                                                                   aggregation="token_mean"), 8)
@@ -169,6 +174,7 @@ def test_entropy_bonus_accumulates_exactly_and_pushes_the_gradient():
         algo = AlgoConfig.preset("grpo", beta=0.0, max_len=5, aggregation=aggregation, entropy_coef=0.5)
         whole, metrics = _step(model, batch, algo, 8)
         _assert_same(whole, _grads_after_step(model, batch, algo, 3))
+        _assert_same(whole, _grads_after_step(model, batch, algo, 8, tokens=20))
         assert metrics["loss/entropy"] > 0 and metrics["loss/entropy_bonus"] < 0
         assert _differ(whole, _grads_after_step(model, batch, algo.replace(entropy_coef=0.0), 8))
     fused = _double(_batch(tok))
