@@ -16,6 +16,7 @@ from grpoplus.collect import CollectPlan
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.learner.replay import check_replay
 from grpoplus.prompts import PromptSampler
 from grpoplus.scoring import Scorer
 
@@ -52,17 +53,20 @@ def build(cfg: Config) -> Components:
     torch.manual_seed(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    logp_old = logp_old_mode(cfg.algo, cfg.learner.logp_old, uses_reference=cfg.algo.beta > 0)
+    check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
+    routing = check_replay(cfg.algo.routing_replay, model)  # the MoE routing shape; None for a dense policy
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
     scorer = Scorer(build_rewards(cfg, task), train)
-    engine = build_engine(cfg, model, tokenizer)
+    engine = build_engine(cfg, model, tokenizer, record_routing=routing is not None)
     optimizer, scheduler = build_optimizer(cfg, model)
     params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
     collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
     learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None),
-                               micro_batch_tokens=cfg.learner.micro_batch_tokens, seed=cfg.run.seed,
+                               logp_old, micro_batch_tokens=cfg.learner.micro_batch_tokens,
+                               routing_replay=cfg.algo.routing_replay, routing_spec=routing, seed=cfg.run.seed,
                                reward_weights=tuple((c.name, c.weight) for c in scorer.pipeline.components))
     return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
                       scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
@@ -127,16 +131,32 @@ def build_rewards(cfg: Config, task):
     return RewardPipeline(components, workers=cfg.data.reward_workers, timeout_s=cfg.data.reward_timeout_s)
 
 
-def build_engine(cfg: Config, model, tokenizer):
+def check_engine_routing(cfg: Config) -> None:
+    """R3 replays the experts the rollout engine routed each token to: refuse an engine that cannot
+    return them before anything is loaded (engines that can set ``returns_routing = True``)."""
+    from grpoplus.rollout import ENGINES
+
+    if cfg.algo.routing_replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
+        return
+    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
+    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
+                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
+
+
+def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
+    """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
     from grpoplus.rollout import ENGINES, EngineOptions
 
     r = cfg.rollout
+    factory = ENGINES.get(r.engine)
     max_len = getattr(model.config, "max_position_embeddings", None) or 4096
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
                             max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
-                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs))
+                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
+                            record_routing=record_routing and getattr(factory, "returns_routing", False))
     with phase(f"starting rollout engine {r.engine}"):
-        return ENGINES.get(r.engine)(model, tokenizer, options)
+        return factory(model, tokenizer, options)
 
 
 def build_optimizer(cfg: Config, model):

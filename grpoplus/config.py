@@ -330,6 +330,18 @@ def _one_length(values: dict[str, dict[str, Any]]) -> None:
         algo["max_len"] = rollout["max_new_tokens"]
 
 
+def _algo_number(name: str, value: Any) -> Any:
+    """YAML 1.1 reads ``1e-6`` (no dot) as a string: make it the float a float field of AlgoConfig
+    means; everything else AlgoConfig validates itself."""
+    hint = {f.name: str(f.type) for f in dataclasses.fields(AlgoConfig)}.get(name, "")
+    if isinstance(value, str) and "float" in hint:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     sections = {}
     for section, cls in SECTIONS.items():
@@ -342,8 +354,7 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
             if allowed and value not in allowed:
                 raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
         sections[section] = cls(**kwargs)
-    hints = {f.name: f.type for f in dataclasses.fields(AlgoConfig)}  # YAML reads 1e-6 as a string: coerce
-    algo_values = {name: _coerce(f"algo.{name}", v, hints[name]) for name, v in values["algo"].items()}
+    algo_values = {name: _algo_number(name, v) for name, v in values["algo"].items()}
     algo_values["max_len"] = sections["rollout"].max_new_tokens  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)

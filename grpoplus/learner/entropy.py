@@ -19,6 +19,8 @@ model forward, ``logp`` and ``H`` both differentiable.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from grpoplus.learner.logprobs import CHUNK_ELEMENTS, TokenLogProb
@@ -67,14 +69,15 @@ def token_entropy_with_grad(logits: torch.Tensor, temperature: float = 1.0) -> t
 
 def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                   response_ids: torch.Tensor, response_mask: torch.Tensor, *,
-                                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                                  temperature: float = 1.0, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
 
     The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
     (left prompt and right response columns that are padding in every row trimmed, the engine's
     position ids), with the entropy taken by :class:`TokenEntropy` from the same logits. It
     materialises the [n, T, V] logits, which the chunked-head path of ``response_logprobs`` avoids:
-    to be folded into that module (an ``entropy_grad`` option of its chunked head).
+    to be folded into that module (an ``entropy_grad`` option of its chunked head). ``routing``:
+    MoE routing of the forward, as in ``response_logprobs`` (called with the row and input-column slices).
     """
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
@@ -87,8 +90,9 @@ def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tens
     input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
     attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                   logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: position P'-1+t predicts token t
+    with nullcontext() if routing is None else routing(slice(0, n), slice(p0, prompt_ids.shape[1] + t1)):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: P'-1+t predicts t
     mask = response_mask[:, :t1]
     logp = TokenLogProb.apply(logits, response_ids[:, :t1], temperature)
     entropy = TokenEntropy.apply(logits, temperature)

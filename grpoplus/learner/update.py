@@ -4,7 +4,9 @@ One rollout batch gives ``algo.updates_per_batch`` optimizer steps (ALGORITHMS.m
 section 7). Each optimizer step accumulates gradients over micro-batches; the loss
 denominators are those of the whole mini-batch (section 3), so the accumulated gradient
 equals the un-split one. A step whose loss or gradient is not finite is skipped and
-counted: the weights and the optimizer state are left untouched.
+counted: the weights and the optimizer state are left untouched. For an MoE policy every
+training forward replays the batch's routing (R2, R3) or routes naturally and is measured
+against the sampler's (off): ``moe/*`` metrics, :mod:`grpoplus.learner.replay`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.metrics.step import finite, reduce_metrics
 
 LOSS_KEYS = ("loss/policy", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
@@ -57,10 +60,12 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                                    generator=generator)
     parts, losses = [], dict.fromkeys(LOSS_KEYS, 0.0)
     entropy = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if fused else None
+    tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
     for idx in micro_batches(batch, plan):
         mb = batch.rows(idx)
-        logp, mb_entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus)
+        logp, mb_entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
+                                    routing=training_routing(model, mb, plan, tally))
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
         if fused:
             entropy[idx.to(entropy.device)] = mb_entropy.detach().to(entropy.dtype)
@@ -79,24 +84,36 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics(parts)
     out.update(losses)
+    out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, entropy
 
 
-def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool):
+def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
     if entropy_grad:
         return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                             mb.response_mask, temperature=plan.temperature)
+                                             mb.response_mask, temperature=plan.temperature, routing=routing)
     return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                             temperature=plan.temperature, with_entropy=with_entropy)
+                             temperature=plan.temperature, with_entropy=with_entropy, routing=routing)
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
     """The generator of one optimizer step's random token selection (Clip-Cov): seeded by the run
     seed and the step's index, so a resumed run draws what the uninterrupted one drew."""
     return torch.Generator().manual_seed(seed * 1_000_003 + optimizer_step)
+
+
+def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: RoutingTally | None
+                     ) -> LearnerRouting | None:
+    """MoE routing of a training forward (ALGORITHMS.md section 8): R2 and R3 replay the batch's routing
+    (the learner's recorded one, the sampler's); off routes naturally and is measured against the
+    sampler's. None for a dense policy."""
+    if plan.routing_spec is None:
+        return None
+    return LearnerRouting(model, batch.routing, input_mask(batch.prompt_mask, batch.response_mask),
+                          replay=plan.routing_replay != "off", tally=tally)
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
@@ -116,6 +133,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
             metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
                                                        entropy_coef=control.applied_coef,
                                                        generator=clip_cov_generator(plan.seed, k))
+            if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
+                metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped
             k += 1
             scheduler.step()
