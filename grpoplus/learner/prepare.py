@@ -35,6 +35,8 @@ class LearnerPlan:
     micro_batch_tokens: int = 0  # > 0: micro-batches by (rows x padded width) token budget instead of row count
     routing_replay: str = "off"  # algo.routing_replay: off | r2 | r3
     routing_spec: RoutingSpec | None = None  # the policy's MoE routing shape; None for a dense policy
+    seed: int = 0  # the run seed: with the optimizer step's index it seeds Clip-Cov's token subset
+    reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -121,7 +123,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
         metrics["reward/kl_penalty_mean"] = float((scored.rewards - rewards).mean())
     keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric) if algo.gfpo_keep else None
-    advantages = A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps, keep=keep)
+    advantages = _advantages(scored, rewards, keep, algo, plan)
     loss_mask = mask if keep is None else mask * keep.unsqueeze(1).float()
     if algo.overlong_filter:
         loss_mask = A.overlong_filter_mask(loss_mask, r.finished)
@@ -132,3 +134,22 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
                        r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing)
     return batch, entropy, metrics
+
+
+def _advantages(scored: ScoredGroups, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig,
+                plan: LearnerPlan) -> torch.Tensor:
+    """[N], or [N, T] with token whitening (``adv_whiten=token``). ``reward_aggregation=gdpo``:
+    every reward component of the pipeline is a column (None -> 0), weighted as in the pipeline."""
+    r = scored.rollouts
+    token_mask = r.response_mask if algo.adv_whiten == "token" else None
+    if algo.reward_aggregation != "gdpo":
+        return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps,
+                                    keep=keep, token_mask=token_mask)
+    if not plan.reward_weights:
+        raise ValueError("reward_aggregation='gdpo' needs the reward components' weights (LearnerPlan.reward_weights)")
+    names = [name for name, _ in plan.reward_weights]
+    components = torch.tensor([[0.0 if v is None else float(v) for v in scored.components[name]] for name in names],
+                              dtype=torch.float64).T  # [N, K]
+    return A.compute_advantages_multi(components, r.group_ids, [w for _, w in plan.reward_weights],
+                                      estimator=algo.adv_estimator, eps=algo.adv_eps, keep=keep,
+                                      token_mask=token_mask).float()

@@ -42,3 +42,13 @@ def test_replay_on_a_dense_policy_is_refused(model_dirs, tmp_path, capsys):
                  *SMALL]) == 2
     assert "routing_replay=r3 needs a mixture-of-experts policy" in capsys.readouterr().err
     assert not (tmp_path / "d" / "metrics.jsonl").exists()
+
+
+def test_entropy_bonus_forward_replays_the_routing_too(model_dirs, tmp_path):
+    # The bonus takes another forward (logp and entropy with grad); the routing metrics come from the
+    # replay context around it, so they exist only if that forward is replayed as well.
+    out = tmp_path / "bonus"
+    assert main(["train", "--preset", "grpo", "--model", model_dirs["moe"], "--out", str(out), "max_steps=1",
+                 "routing_replay=r3", "entropy_coef=0.01", *SMALL]) == 0
+    last = read_metrics(out)[-1]
+    assert "loss/entropy_bonus" in last and 0.0 <= last["moe/routing_mismatch"] <= 1.0
