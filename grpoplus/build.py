@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from grpoplus.algo import EntropyControl
 from grpoplus.collect import CollectPlan
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.learner.replay import check_replay
 from grpoplus.prompts import PromptSampler
 from grpoplus.scoring import Scorer
 
@@ -34,6 +39,7 @@ class Components:
     generator: torch.Generator
     collect_plan: CollectPlan
     learner_plan: LearnerPlan
+    entropy_control: EntropyControl  # the entropy bonus's coefficient (adaptive: state saved in checkpoints)
 
     def close(self) -> None:
         self.scorer.close()
@@ -47,37 +53,64 @@ def build(cfg: Config) -> Components:
     torch.manual_seed(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    logp_old = logp_old_mode(cfg.algo, cfg.learner.logp_old, uses_reference=cfg.algo.beta > 0)
+    check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
+    routing = check_replay(cfg.algo.routing_replay, model)  # the MoE routing shape; None for a dense policy
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
     scorer = Scorer(build_rewards(cfg, task), train)
-    engine = build_engine(cfg, model, tokenizer)
+    engine = build_engine(cfg, model, tokenizer, record_routing=routing is not None)
     optimizer, scheduler = build_optimizer(cfg, model)
     params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
     collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
     learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None))
+                               logp_old, micro_batch_tokens=cfg.learner.micro_batch_tokens,
+                               routing_replay=cfg.algo.routing_replay, routing_spec=routing, seed=cfg.run.seed,
+                               reward_weights=tuple((c.name, c.weight) for c in scorer.pipeline.components))
     return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
                       scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
-                      collect_plan, learner_plan)
+                      collect_plan, learner_plan, EntropyControl.from_config(cfg.algo))
+
+
+@contextmanager
+def phase(what: str):
+    """A line on stderr when a long phase starts and one when it ends, with its duration (a silent
+    minute looks like a hang)."""
+    print(f"{what} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"{what}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
     from grpoplus.models.load import load_policy
-    from grpoplus.tasks import get_task
+
+    d = cfg.data
+    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
+        model, tokenizer = load_policy(cfg.learner.model, task=d.task if d.data is None else None,
+                                       difficulty=d.difficulty, device=cfg.learner.device, seed=cfg.run.seed,
+                                       eval_seed=d.eval_seed)
+    return (*build_data(cfg, tokenizer), model, tokenizer)
+
+
+def build_data(cfg: Config, tokenizer) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems)."""
+    from grpoplus.tasks import get_task, without_prompts
     from grpoplus.tasks.dataset import dataset_task
 
     d = cfg.data
-    builtin = d.data is None
-    model, tokenizer = load_policy(cfg.learner.model, task=d.task if builtin else None,
-                                   difficulty=d.difficulty, device=cfg.learner.device, seed=cfg.run.seed)
-    if builtin:
+    if d.data is None:
         kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
         task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-    else:
-        task = dataset_task(d, tokenizer if d.chat_template else None, seed=cfg.run.seed)
-    return task, list(task.split("train")), list(task.split("test")), model, tokenizer
+        held_out = task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs)
+        test = list(held_out.split("test"))
+    else:  # the held-out rows of a split data set are chosen by eval_seed
+        task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
+        test = list(task.split("test"))
+    return task, without_prompts(task.split("train"), test), test
 
 
 def build_rewards(cfg: Config, task):
@@ -98,15 +131,32 @@ def build_rewards(cfg: Config, task):
     return RewardPipeline(components, workers=cfg.data.reward_workers, timeout_s=cfg.data.reward_timeout_s)
 
 
-def build_engine(cfg: Config, model, tokenizer):
+def check_engine_routing(cfg: Config) -> None:
+    """R3 replays the experts the rollout engine routed each token to: refuse an engine that cannot
+    return them before anything is loaded (engines that can set ``returns_routing = True``)."""
+    from grpoplus.rollout import ENGINES
+
+    if cfg.algo.routing_replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
+        return
+    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
+    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
+                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
+
+
+def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
+    """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
     from grpoplus.rollout import ENGINES, EngineOptions
 
     r = cfg.rollout
+    factory = ENGINES.get(r.engine)
     max_len = getattr(model.config, "max_position_embeddings", None) or 4096
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
                             max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
-                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs))
-    return ENGINES.get(r.engine)(model, tokenizer, options)
+                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
+                            record_routing=record_routing and getattr(factory, "returns_routing", False))
+    with phase(f"starting rollout engine {r.engine}"):
+        return factory(model, tokenizer, options)
 
 
 def build_optimizer(cfg: Config, model):
