@@ -27,8 +27,10 @@ from grpoplus.lab.experiment import EXPERIMENTS, Arm, Experiment
 from grpoplus.lab.measures import LabRun
 from grpoplus.lab.verdict import ExperimentVerdict, Runs, judge, markdown, report_measures
 
-LAB_SETTINGS = ("progress=false", "loggers=[]", "overwrite=true")
-"""How the lab runs every arm: quietly, metrics.jsonl only, a half-finished run started afresh."""
+LAB_SETTINGS = ("progress=false", "loggers=[]", "overwrite=true", "threads=1")
+"""How the lab runs every arm: quietly, metrics.jsonl only, a half-finished run started afresh, on one
+thread (the tiny model runs fastest on one; on a loaded 2-core machine two threads made a rollout
+10x slower: 0.8 s vs 8.7-12.2 s). ``--set threads=N`` overrides it."""
 
 RUN_MARKER = "lab_run.json"
 _NOT_TRAINED = {"out", "overwrite", "overrides", "progress", "loggers", "preset"}  # run keys that change no result
@@ -96,7 +98,7 @@ def execute(experiment: Experiment, out: str | Path, seeds: int = 3, steps: int 
 
     if train_fn is None:
         from grpoplus.trainer import train as train_fn
-    jobs = [(arm, seed, build_config(arm.preset or experiment.preset, overrides=[*o, *LAB_SETTINGS]))
+    jobs = [(arm, seed, build_config(arm.preset or experiment.preset, overrides=[*LAB_SETTINGS, *o]))
             for arm, seed, o in plan(experiment, out, seeds, steps, extra)]
     runs: Runs = {arm.name: {} for arm in experiment.arms}
     for i, (arm, seed, cfg) in enumerate(jobs, 1):
