@@ -103,17 +103,42 @@ def test_every_builtin_switch_check_names_the_arms_of_its_comparison():
                 assert {check.arm, check.minus} - {None} <= {c.control, c.treatment}, (name, c.claim)
 
 
-def test_cli_list_dry_run_and_missing_key(tmp_path, capsys):
+def test_cli_list_dry_run_and_unknown_experiment(tmp_path, capsys):
     assert main(["lab", "list"]) == 0
     out = capsys.readouterr().out
-    assert "clip_higher:" in out and "needs algo.routing_replay" in out
+    assert "clip_higher:" in out and "moe_routing:" in out and "needs" not in out
     assert main(["lab", "clip_higher", "--out", str(tmp_path), "--seeds", "2", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[0].startswith("grpoplus train --preset dapo") and "seed=1" in lines[1]
-    assert main(["lab", "moe_routing", "--out", str(tmp_path)]) == 2
-    assert "needs the config key(s) algo.routing_replay" in capsys.readouterr().err
     assert main(["lab", "nope", "--out", str(tmp_path)]) == 2
-    assert "unknown lab experiment 'nope'" in capsys.readouterr().err
+    (err,) = capsys.readouterr().err.strip().splitlines()  # one line, naming every experiment there is
+    assert "unknown lab experiment 'nope'" in err and all(name in err for name in EXPERIMENTS.names())
+
+
+def test_an_experiment_needing_a_missing_key_is_listed_and_skipped(tmp_path, capsys, monkeypatch):
+    needy = Experiment(**{**TOY.__dict__, "name": "needy", "requires": ("algo.not_a_key",)})
+    monkeypatch.setitem(EXPERIMENTS._items, "needy", needy)
+    assert main(["lab", "list"]) == 0
+    assert "needs algo.not_a_key" in capsys.readouterr().out
+    fake = FakeTrain()
+    with pytest.raises(ValueError, match="needs the config key.s. algo.not_a_key"):
+        run_experiment("needy", tmp_path, seeds=1, train_fn=fake, log=lambda _: None)
+    assert fake.calls == []
+
+
+def test_moe_routing_runs_routing_replay_against_a_differing_sampler(tmp_path):
+    """(f): the replay arms switch algo.routing_replay, and the sampler differs from the learner
+    (otherwise R2 and R3 replay the same experts and give the same run)."""
+    from grpoplus.config import build_config
+
+    experiment = EXPERIMENTS.get("moe_routing")
+    configs = {arm.name: build_config(arm.preset or experiment.preset, overrides=o)
+               for arm, _, o in plan(experiment, tmp_path, 1)}
+    assert {name: c.algo.routing_replay for name, c in configs.items()} == {
+        "grpo_token": "off", "grpo_r2": "r2", "grpo_r3": "r3", "gspo": "off"}
+    assert {c.rollout.quantization for c in configs.values()} == {"bf16_rounded"}
+    assert {c.learner.model for c in configs.values()} == {"tiny-moe"}
+    assert configs["gspo"].algo.loss == "gspo" and configs["grpo_token"].algo.loss != "gspo"
 
 
 @pytest.fixture(scope="module")
