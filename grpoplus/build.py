@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from grpoplus.collect import CollectPlan
+from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
@@ -23,19 +24,18 @@ class Components:
     task: object
     train: list
     test: list
-    model: torch.nn.Module
     tokenizer: object
-    ref_model: torch.nn.Module | None
-    engine: object
+    engine: object  # the engine held-out evaluation samples with (it also samples the rollouts when synchronous)
     scorer: Scorer
-    optimizer: torch.optim.Optimizer
-    scheduler: object
     sampler: PromptSampler
     generator: torch.Generator
     collect_plan: CollectPlan
-    learner_plan: LearnerPlan
+    learner: object  # grpoplus.distributed.learner.Learner, or the Ray learner group
+    collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
 
     def close(self) -> None:
+        self.collector.close()
+        self.learner.close()
         self.scorer.close()
         self.engine.close()
 
@@ -48,30 +48,106 @@ def build(cfg: Config) -> Components:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
+    if cfg.run.cluster == "ray":
+        return build_on_ray(cfg, task, train, test, model, tokenizer)
+    parts = build_learner_parts(cfg, model)
     scorer = Scorer(build_rewards(cfg, task), train)
     engine = build_engine(cfg, model, tokenizer)
-    optimizer, scheduler = build_optimizer(cfg, model)
+    collect_plan = build_collect_plan(cfg, tokenizer)
+    sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
+    if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
+        collector = build_collector(cfg, engine, sampler, train, scorer, collect_plan, generator)
+        targets = (engine,)
+    else:  # sampling runs ahead of the learner on its own copy of the policy
+        from grpoplus.distributed.staleness import SnapshotEngine
+
+        copy_model = copy.deepcopy(model)
+        sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer), copy_model)
+        collector = build_collector(cfg, sampling, sampler, train, scorer, collect_plan, generator)
+        targets = (engine, collector)
+    learner = build_local_learner(cfg, parts, targets)
+    return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
+                      collect_plan, learner, collector)
+
+
+def build_collect_plan(cfg: Config, tokenizer) -> CollectPlan:
     params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
-    collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
-    learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None))
-    return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
-                      scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
-                      collect_plan, learner_plan)
+    return CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
+
+
+def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
+                    generator: torch.Generator):
+    """Synchronous collection (max_staleness = 0), or collection ahead of the learner by at most K versions."""
+    from grpoplus.distributed.staleness import BoundedStaleness, Synchronous
+
+    collect_step = functools.partial(collect, engine, sampler, train, scorer, plan, generator)
+    if cfg.rollout.max_staleness == 0:
+        return Synchronous(collect_step, sampler, generator)
+    return BoundedStaleness(collect_step, engine, sampler, generator, cfg.rollout.max_staleness)
+
+
+def build_learner_parts(cfg: Config, model: torch.nn.Module):
+    """The policy with its optimizer and schedule, and the frozen reference when beta > 0."""
+    from grpoplus.distributed.learner import LearnerParts
+
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
+    optimizer, scheduler = build_optimizer(cfg, model)
+    return LearnerParts(model, ref_model, optimizer, scheduler)
+
+
+def build_learner_plan(cfg: Config) -> LearnerPlan:
+    return LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
+                       logp_old_mode(cfg.algo, cfg.learner.logp_old, cfg.algo.beta > 0))
+
+
+def build_local_learner(cfg: Config, parts, targets: tuple):
+    """This process as the only learner rank, or as rank 0 of ``learner.data_parallel`` ranks on this
+    machine (started here) or under torchrun."""
+    from grpoplus.distributed.group import RankGroup
+    from grpoplus.distributed.learner import Learner
+    from grpoplus.distributed.local import start_ranks
+
+    if cfg.learner.data_parallel == 1:
+        return Learner(parts, cfg.algo, build_learner_plan(cfg), targets=targets)
+    rendezvous, ranks = start_ranks(cfg)
+    try:
+        group = RankGroup.join(rendezvous)
+        if ranks is not None:
+            group.describe_peers = ranks.describe
+        return Learner(parts, cfg.algo, build_learner_plan(cfg), group, targets, launcher=ranks)
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
+
+
+def build_learner_rank(cfg: Config, device: str):
+    """What a follower learner rank builds: its parts and plan (the weights come from rank 0)."""
+    torch.manual_seed(cfg.run.seed)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    model, _ = build_policy(cfg, device)
+    return build_learner_parts(cfg, model), build_learner_plan(cfg)
+
+
+def build_policy(cfg: Config, device: str | None = None):
+    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device)."""
+    from grpoplus.models.load import load_policy
+
+    d = cfg.data
+    return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
+                       device=device or cfg.learner.device, seed=cfg.run.seed)
 
 
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
-    from grpoplus.models.load import load_policy
     from grpoplus.tasks import get_task
     from grpoplus.tasks.dataset import dataset_task
 
     d = cfg.data
     builtin = d.data is None
-    model, tokenizer = load_policy(cfg.learner.model, task=d.task if builtin else None,
-                                   difficulty=d.difficulty, device=cfg.learner.device, seed=cfg.run.seed)
+    model, tokenizer = build_policy(cfg)
     if builtin:
         kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
         task = get_task(d.task, seed=cfg.run.seed, **kwargs)

@@ -81,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from grpoplus.distributed import RoleError
     from grpoplus.rewards import RewardError
     from grpoplus.rollout import EngineError
 
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError, RewardError, EngineError) as err:
+    except (ValueError, FileNotFoundError, ImportError, RewardError, EngineError, RoleError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
