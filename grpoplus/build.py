@@ -32,21 +32,29 @@ class Components:
     collect_plan: CollectPlan
     learner: object  # grpoplus.distributed.learner.Learner, or the Ray learner group
     collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
+    cluster: object | None = None  # the Ray connection of cluster=ray
 
     def close(self) -> None:
         self.collector.close()
         self.learner.close()
         self.scorer.close()
         self.engine.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
 
-def build(cfg: Config) -> Components:
+def build_process(cfg: Config) -> None:
+    """Settings of every process of a run (the driver, learner ranks, rollout workers)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
     torch.manual_seed(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+
+
+def build(cfg: Config) -> Components:
+    build_process(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
     if cfg.run.cluster == "ray":
         return build_on_ray(cfg, task, train, test, model, tokenizer)
@@ -124,11 +132,39 @@ def build_local_learner(cfg: Config, parts, targets: tuple):
 
 def build_learner_rank(cfg: Config, device: str):
     """What a follower learner rank builds: its parts and plan (the weights come from rank 0)."""
-    torch.manual_seed(cfg.run.seed)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    build_process(cfg)
     model, _ = build_policy(cfg, device)
     return build_learner_parts(cfg, model), build_learner_plan(cfg)
+
+
+def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -> Components:
+    """cluster=ray: rollout workers, the learner group and reward scoring as Ray actors and tasks; the
+    driver (this process) runs the loop, the collection's bookkeeping and evaluation requests."""
+    import ray
+
+    from grpoplus.distributed.ray_cluster import Cluster
+    from grpoplus.distributed.ray_learner import RayLearnerGroup
+    from grpoplus.distributed.ray_rollout import RayRolloutEngine
+    from grpoplus.distributed.ray_scoring import RayScorer
+
+    r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
+    cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
+    gpu = lrn.device.startswith("cuda")
+    cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
+                         f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
+    config, weights = cfg.to_dict(), ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    engine = RayRolloutEngine(config, weights, r.workers, r.engine, tokenizer.pad_token_id, seed=cfg.run.seed,
+                              gpu=gpu, max_restarts=rc.max_restarts, timeout_s=r.engine_timeout_s,
+                              start_timeout_s=rc.timeout_s)
+    scorer = RayScorer(reward_components(cfg, task), train, cfg.data.reward_workers, cfg.data.reward_timeout_s,
+                       rc.timeout_s)
+    collect_plan = build_collect_plan(cfg, tokenizer)
+    sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
+    collector = build_collector(cfg, engine, sampler, train, scorer, collect_plan, generator)
+    targets = (engine,) if r.max_staleness == 0 else (collector,)
+    learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, gpu=gpu, timeout_s=rc.timeout_s)
+    return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
+                      collect_plan, learner, collector, cluster)
 
 
 def build_policy(cfg: Config, device: str | None = None):
@@ -147,7 +183,7 @@ def build_task_and_model(cfg: Config):
 
     d = cfg.data
     builtin = d.data is None
-    model, tokenizer = build_policy(cfg)
+    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
     if builtin:
         kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
         task = get_task(d.task, seed=cfg.run.seed, **kwargs)
@@ -157,9 +193,17 @@ def build_task_and_model(cfg: Config):
 
 
 def build_rewards(cfg: Config, task):
-    """The reward pipeline: the configured components, the task verifier (weight 0 when not listed:
-    accuracy is always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""
-    from grpoplus.rewards import RewardPipeline, parse_reward_specs
+    """The reward pipeline of :func:`reward_components`, in-process or with a pool (``data.reward_workers``)."""
+    from grpoplus.rewards import RewardPipeline
+
+    return RewardPipeline(reward_components(cfg, task), workers=cfg.data.reward_workers,
+                          timeout_s=cfg.data.reward_timeout_s)
+
+
+def reward_components(cfg: Config, task) -> list:
+    """The configured reward components, the task verifier (weight 0 when not listed: accuracy is
+    always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""
+    from grpoplus.rewards import parse_reward_specs
 
     specs = list(cfg.data.rewards)
     names = [comp.name for comp in parse_reward_specs(specs, extra={"task": task.reward})]
@@ -170,8 +214,7 @@ def build_rewards(cfg: Config, task):
             raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
                              "or set overlong_shaping=false")
         specs.append({"name": "soft_overlong", "kwargs": {"max_len": cfg.algo.max_len, "cache": cfg.algo.cache_len}})
-    components = parse_reward_specs(specs, extra={"task": task.reward})
-    return RewardPipeline(components, workers=cfg.data.reward_workers, timeout_s=cfg.data.reward_timeout_s)
+    return parse_reward_specs(specs, extra={"task": task.reward})
 
 
 def build_engine(cfg: Config, model, tokenizer):

@@ -396,12 +396,14 @@ def _check_scale(cfg: Config) -> None:
                          f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
                          f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
                          f"{max(1, rows // lrn.data_parallel)} or fewer")
-    if cfg.run.cluster == "local" and lrn.data_parallel > 1:
-        _check_local_devices(lrn.device, lrn.data_parallel)
+    if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
+        import os
+
+        _check_local_devices(lrn.device, int(os.environ.get("LOCAL_WORLD_SIZE", lrn.data_parallel)))
 
 
 def _check_local_devices(device: str, ranks: int) -> None:
-    """More learner ranks than this machine has devices (GPUs, or CPU cores) cannot fit."""
+    """More learner ranks on this machine than it has devices (GPUs, or CPU cores) cannot fit."""
     import os
 
     import torch

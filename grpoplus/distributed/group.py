@@ -77,7 +77,7 @@ class RankGroup:
             control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
         except (RuntimeError, ValueError) as err:
             raise RoleError(f"learner rank {rdv.rank} of {rdv.world}: the group did not form within "
-                            f"{rdv.timeout_s:.0f} s at {rdv.init_method} ({_first_line(err)}); check that every "
+                            f"{rdv.timeout_s:.0f} s at {rdv.init_method} ({first_line(err)}); check that every "
                             "rank started and can reach rank 0's address, or raise learner.collective_timeout_s"
                             ) from err
         return cls(rdv.rank, rdv.world, rdv.device, rdv.timeout_s, objects, control)
@@ -139,7 +139,7 @@ class RankGroup:
             return fn()
         except RuntimeError as err:  # gloo/NCCL: a peer closed its connection, or the time limit passed
             peers = self.describe_peers()
-            raise RoleError(f"learner rank {self.rank} of {self.world}: {what} failed ({_first_line(err)}; time "
+            raise RoleError(f"learner rank {self.rank} of {self.world}: {what} failed ({first_line(err)}; time "
                             f"limit {self.timeout_s:.0f} s, learner.collective_timeout_s){'; ' + peers if peers else ''}"
                             f"; another learner rank died or stopped answering (see its log); {RESUME_HINT}") from err
 
@@ -168,6 +168,6 @@ def _on_cpu(obj):
     return obj
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]

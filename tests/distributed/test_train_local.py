@@ -3,8 +3,10 @@ and resume exactly after SIGKILL; max_staleness=0 is the synchronous loop; async
 stay within their bound, resume, and report the async/* metrics."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -111,3 +113,44 @@ def test_asynchronous_run_stays_within_its_bound_and_resumes(nano_dir, tmp_path,
     assert len(busy) >= 3 and all(0 <= b <= 1 for b in busy)  # from the second batch taken by each process
     stale = [r for r in trained if r["async/staleness_max"] >= 1]
     assert any(r["mismatch/k3"] > 1e-6 for r in stale)  # a stale sampler, once the weights moved: logp_roll != logp_old
+
+
+def _children(pid: int) -> list[int]:
+    path = f"/proc/{pid}/task/{pid}/children"
+    return [int(c) for c in open(path).read().split()] if os.path.exists(path) else []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_learner_rank_killed_mid_run_stops_the_run_with_its_name_and_resume_works(nano_dir, tmp_path):
+    out = tmp_path / "run"
+    args = ["--model", nano_dir, "--out", str(out), "max_steps=5", "save_every=2", "eval_every=0",
+            "data_parallel=2", "collective_timeout_s=60", *SMALL]
+    proc = subprocess.Popen([sys.executable, "-m", "grpoplus", "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not (out / "checkpoints" / "step-2").is_dir():
+        time.sleep(0.05)
+    followers = [c for c in _children(proc.pid) if "multiprocessing-fork" in _cmdline(c)
+                 and "resource_tracker" not in _cmdline(c)]
+    assert len(followers) == 1
+    os.kill(followers[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and time.monotonic() - t0 < 60  # at once: the dead peer closed its connections
+    assert "learner rank 0 of 2:" in err and f"learner rank 1 (pid {followers[0]}) exited with code -9" in err
+    assert "grpoplus train --resume" in err and "Traceback" not in err
+    assert ckpt_steps(out)[-1] >= 2  # the last complete checkpoint is kept
+    resumed = _cli(["--resume", str(out)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3, 4, 5]
+
+
+def ckpt_steps(run) -> list[int]:
+    from grpoplus.learner.checkpoint import list_checkpoints
+
+    return [int(p.name.split("-")[1]) for p in list_checkpoints(run)]
