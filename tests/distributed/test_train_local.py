@@ -54,7 +54,7 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_learner_ranks_train_like_one_process_and_resume_exactly(nano_dir, tmp_path):
+def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resume_exactly(nano_dir, tmp_path):
     common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", *SMALL]
     one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
     assert _cli(["--out", str(one), *common]).returncode == 0
@@ -62,6 +62,14 @@ def test_two_learner_ranks_train_like_one_process_and_resume_exactly(nano_dir, t
     assert run.returncode == 0, run.stderr[-2000:]
     assert _comparable(read_metrics(two)) == _comparable(read_metrics(one))
     assert _same(_weights(two, 5), _weights(one, 5))
+    torchrun = tmp_path / "torchrun"  # the same 2 ranks started by torchrun: every rank runs `grpoplus train`
+    run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
+                          "--nproc_per_node=2", "-m", "grpoplus", "train", "--out", str(torchrun), *common,
+                          "data_parallel=2"], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _comparable(read_metrics(torchrun)) == _comparable(read_metrics(one))
+    assert _same(_weights(torchrun, 5), _weights(one, 5))
     run = _cli(["--out", str(killed), *common, "data_parallel=2"], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
     assert run.returncode == -9  # rank 0 killed after step 3 was logged; last checkpoint is step 2
     resumed = _cli(["--resume", str(killed)])
