@@ -155,9 +155,9 @@ class RayConfig:
     """None: start a local Ray instance; "auto" or "host:port": join that running Ray cluster (cluster=ray)."""
     num_cpus: int | None = None
     """CPUs of a local Ray instance (None = Ray's default: all of this machine's)."""
-    timeout_s: float = 120.0
-    """Longest to wait for the cluster to answer, a role's actor to start, or a call without a time
-    limit of its own (reward scoring, a learner step) before the run stops with an error naming it."""
+    timeout_s: float = 600.0
+    """Longest to wait for a role's actor to start, or for a call without a time limit of its own
+    (reward scoring, a learner step, a checkpoint) before the run stops with an error naming it."""
     max_restarts: int = 3
     """Restarts of a rollout worker that dies; its request is sent again, so no step is lost."""
 
