@@ -5,14 +5,19 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from grpoplus.algo import EntropyControl
 from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.learner.replay import check_replay
 from grpoplus.prompts import PromptSampler
 from grpoplus.scoring import Scorer
 
@@ -55,12 +60,15 @@ def build_process(cfg: Config) -> None:
 
 def build(cfg: Config) -> Components:
     build_process(cfg)
+    logp_old_mode(cfg.algo, cfg.learner.logp_old, uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
+    check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
+    routing = check_replay(cfg.algo.routing_replay, model)  # the MoE routing shape; None for a dense policy
     if cfg.run.cluster == "ray":
         return build_on_ray(cfg, task, train, test, model, tokenizer)
     parts = build_learner_parts(cfg, model)
     scorer = Scorer(build_rewards(cfg, task), train)
-    engine = build_engine(cfg, model, tokenizer)
+    engine = build_engine(cfg, model, tokenizer, record_routing=routing is not None)
     collect_plan = build_collect_plan(cfg, tokenizer)
     sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
     if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
@@ -70,10 +78,11 @@ def build(cfg: Config) -> Components:
         from grpoplus.distributed.staleness import SnapshotEngine
 
         copy_model = copy.deepcopy(model)
-        sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer), copy_model)
+        sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer, record_routing=routing is not None),
+                                  copy_model)
         collector = build_collector(cfg, sampling, sampler, train, scorer, collect_plan, generator)
         targets = (engine, collector)
-    learner = build_local_learner(cfg, parts, targets)
+    learner = build_local_learner(cfg, parts, targets, reward_weights(scorer.pipeline.components))
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
                       collect_plan, learner, collector)
 
@@ -96,20 +105,32 @@ def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, sc
 
 
 def build_learner_parts(cfg: Config, model: torch.nn.Module):
-    """The policy with its optimizer and schedule, and the frozen reference when beta > 0."""
+    """The policy with its optimizer and schedule, the frozen reference when beta > 0, and the entropy
+    bonus's coefficient."""
     from grpoplus.distributed.learner import LearnerParts
 
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
     optimizer, scheduler = build_optimizer(cfg, model)
-    return LearnerParts(model, ref_model, optimizer, scheduler)
+    return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo))
 
 
-def build_learner_plan(cfg: Config) -> LearnerPlan:
-    return LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                       logp_old_mode(cfg.algo, cfg.learner.logp_old, cfg.algo.beta > 0))
+def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ()) -> LearnerPlan:
+    """How the learner prepares and updates; ``rewards``: the reward components' (name, weight), which
+    only the rank that prepares the batch needs (GDPO)."""
+    lrn = cfg.learner
+    return LearnerPlan(cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
+                       logp_old_mode(cfg.algo, lrn.logp_old, uses_reference=cfg.algo.beta > 0),
+                       micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
+                       routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
+                       reward_weights=rewards)
 
 
-def build_local_learner(cfg: Config, parts, targets: tuple):
+def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
+    """(name, weight) of each reward component, for the learner plan."""
+    return tuple((c.name, c.weight) for c in components)
+
+
+def build_local_learner(cfg: Config, parts, targets: tuple, rewards: tuple):
     """This process as the only learner rank, or as rank 0 of ``learner.data_parallel`` ranks on this
     machine (started here) or under torchrun."""
     from grpoplus.distributed.group import RankGroup
@@ -117,13 +138,14 @@ def build_local_learner(cfg: Config, parts, targets: tuple):
     from grpoplus.distributed.local import start_ranks
 
     if cfg.learner.data_parallel == 1:
-        return Learner(parts, cfg.algo, build_learner_plan(cfg), targets=targets)
+        return Learner(parts, cfg.algo, build_learner_plan(cfg, parts.model, rewards), targets=targets)
     rendezvous, ranks = start_ranks(cfg)
     try:
         group = RankGroup.join(rendezvous)
         if ranks is not None:
             group.describe_peers = ranks.describe
-        return Learner(parts, cfg.algo, build_learner_plan(cfg), group, targets, launcher=ranks)
+        return Learner(parts, cfg.algo, build_learner_plan(cfg, parts.model, rewards), group, targets,
+                       launcher=ranks)
     except BaseException:
         if ranks is not None:
             ranks.close()
@@ -131,10 +153,11 @@ def build_local_learner(cfg: Config, parts, targets: tuple):
 
 
 def build_learner_rank(cfg: Config, device: str):
-    """What a follower learner rank builds: its parts and plan (the weights come from rank 0)."""
+    """What a follower learner rank builds: its parts and plan (the weights come from rank 0; it does not
+    prepare batches, so its plan needs no reward weights)."""
     build_process(cfg)
     model, _ = build_policy(cfg, device)
-    return build_learner_parts(cfg, model), build_learner_plan(cfg)
+    return build_learner_parts(cfg, model), build_learner_plan(cfg, model)
 
 
 def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -> Components:
@@ -156,13 +179,14 @@ def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -
     engine = RayRolloutEngine(config, weights, r.workers, r.engine, tokenizer.pad_token_id, seed=cfg.run.seed,
                               gpu=gpu, max_restarts=rc.max_restarts, timeout_s=r.engine_timeout_s,
                               start_timeout_s=rc.timeout_s)
-    scorer = RayScorer(reward_components(cfg, task), train, cfg.data.reward_workers, cfg.data.reward_timeout_s,
-                       rc.timeout_s)
+    components = reward_components(cfg, task)
+    scorer = RayScorer(components, train, cfg.data.reward_workers, cfg.data.reward_timeout_s, rc.timeout_s)
     collect_plan = build_collect_plan(cfg, tokenizer)
     sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
     collector = build_collector(cfg, engine, sampler, train, scorer, collect_plan, generator)
     targets = (engine,) if r.max_staleness == 0 else (collector,)
-    learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, gpu=gpu, timeout_s=rc.timeout_s)
+    learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, reward_weights(components), gpu=gpu,
+                              timeout_s=rc.timeout_s)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
                       collect_plan, learner, collector, cluster)
 
@@ -172,24 +196,43 @@ def build_policy(cfg: Config, device: str | None = None):
     from grpoplus.models.load import load_policy
 
     d = cfg.data
-    return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
-                       device=device or cfg.learner.device, seed=cfg.run.seed)
+    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
+        return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
+                           device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed)
+
+
+@contextmanager
+def phase(what: str):
+    """A line on stderr when a long phase starts and one when it ends, with its duration (a silent
+    minute looks like a hang)."""
+    print(f"{what} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"{what}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
-    from grpoplus.tasks import get_task
+    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
+    return (*build_data(cfg, tokenizer), model, tokenizer)
+
+
+def build_data(cfg: Config, tokenizer) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems)."""
+    from grpoplus.tasks import get_task, without_prompts
     from grpoplus.tasks.dataset import dataset_task
 
     d = cfg.data
-    builtin = d.data is None
-    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
-    if builtin:
+    if d.data is None:
         kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
         task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-    else:
-        task = dataset_task(d, tokenizer if d.chat_template else None, seed=cfg.run.seed)
-    return task, list(task.split("train")), list(task.split("test")), model, tokenizer
+        held_out = task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs)
+        test = list(held_out.split("test"))
+    else:  # the held-out rows of a split data set are chosen by eval_seed
+        task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
+        test = list(task.split("test"))
+    return task, without_prompts(task.split("train"), test), test
 
 
 def build_rewards(cfg: Config, task):
@@ -217,15 +260,32 @@ def reward_components(cfg: Config, task) -> list:
     return parse_reward_specs(specs, extra={"task": task.reward})
 
 
-def build_engine(cfg: Config, model, tokenizer):
+def check_engine_routing(cfg: Config) -> None:
+    """R3 replays the experts the rollout engine routed each token to: refuse an engine that cannot
+    return them before anything is loaded (engines that can set ``returns_routing = True``)."""
+    from grpoplus.rollout import ENGINES
+
+    if cfg.algo.routing_replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
+        return
+    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
+    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
+                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
+
+
+def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
+    """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
     from grpoplus.rollout import ENGINES, EngineOptions
 
     r = cfg.rollout
+    factory = ENGINES.get(r.engine)
     max_len = getattr(model.config, "max_position_embeddings", None) or 4096
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
                             max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
-                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs))
-    return ENGINES.get(r.engine)(model, tokenizer, options)
+                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
+                            record_routing=record_routing and getattr(factory, "returns_routing", False))
+    with phase(f"starting rollout engine {r.engine}"):
+        return factory(model, tokenizer, options)
 
 
 def build_optimizer(cfg: Config, model):

@@ -86,9 +86,19 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
+        print_inert_notice(cfg)
         return _loop(cfg, c, run_dir, start, counters, resumed=start > 0)
     finally:
         c.close()
+
+
+def print_inert_notice(cfg: Config) -> None:
+    """One stderr line naming the configured switches that cannot act in this run (AlgoConfig.inert_switches)."""
+    inert = cfg.algo.inert_switches(pi_old_is_sampler=cfg.learner.logp_old == "rollout")
+    if inert:
+        print(f"note: {', '.join(inert)} cannot act: with one optimizer step per rollout batch the policy at the "
+              "update is pi_old, so the ratio is exactly 1; set algo.num_minibatches > 1 (or num_iterations > 1, "
+              "or learner.logp_old=rollout) to make them act", file=sys.stderr)
 
 
 def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:

@@ -33,6 +33,7 @@ class LearnerParts:
     ref_model: torch.nn.Module | None  # the reference policy, only when beta > 0
     optimizer: torch.optim.Optimizer
     scheduler: object
+    entropy_control: A.EntropyControl  # the entropy bonus's coefficient (identical on every rank)
 
 
 class Learner:
@@ -65,9 +66,11 @@ class Learner:
             target.sync_weights(self.parts.model, version)
 
     def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
-        """A checkpoint of rank 0's weights and optimizer (identical on every rank) plus the trainer's ``state``."""
+        """A checkpoint of rank 0's weights, optimizer and entropy control (identical on every rank) plus the
+        trainer's ``state``."""
         p = self.parts
-        state = {**state, "optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict()}
+        state = {**state, "optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
+                 "entropy_control": p.entropy_control.state_dict()}
         return ckpt.save_checkpoint(run_dir, step, p.model, tokenizer, state, p.ref_model, keep=keep)
 
     def load(self, path: Path) -> dict:
@@ -97,20 +100,25 @@ class Learner:
 
 def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoConfig, plan: LearnerPlan,
                 group: RankGroup | None) -> UpdateResult:
-    """One rollout batch's optimizer steps on this rank, then the reference reset when it is due."""
-    result = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, algo, plan, group)
+    """One rollout batch's optimizer steps on this rank, then the reference update when it is due."""
+    result = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, algo, plan, parts.entropy_control,
+                           first_step=(step - 1) * algo.updates_per_batch, group=group)
     if parts.ref_model is not None and A.should_reset_reference(step, algo.ref_reset_every):
-        A.reset_reference(parts.ref_model, parts.model, parts.optimizer, algo.ref_reset_optimizer)
+        A.update_reference(parts.ref_model, parts.model, algo.ref_update_alpha, parts.optimizer,
+                           algo.ref_reset_optimizer)
     return result
 
 
 def load_step(parts: LearnerParts, path: Path) -> dict:
-    """Weights, optimizer, scheduler and reference from the checkpoint at ``path``; returns its trainer state."""
+    """Weights, optimizer, scheduler, entropy control and reference from the checkpoint at ``path``;
+    returns its trainer state."""
     path = Path(path)
     ckpt.load_weights(parts.model, path)
     state = ckpt.load_state(path)
     parts.optimizer.load_state_dict(state["optimizer"])
     parts.scheduler.load_state_dict(state["scheduler"])
+    if "entropy_control" in state:  # checkpoints written before the entropy bonus was wired lack it
+        parts.entropy_control.load_state_dict(state["entropy_control"])
     if parts.ref_model is not None:
         ckpt.load_reference(parts.ref_model, path)
     return state

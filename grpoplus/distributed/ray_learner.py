@@ -25,7 +25,7 @@ from grpoplus.distributed.ray_cluster import role_resources, wait
 class LearnerRank:
     """One learner rank: its parts, and (rank 0) the learner the driver calls."""
 
-    def __init__(self, config: dict, weights: dict, rank: int, world: int):
+    def __init__(self, config: dict, weights: dict, rank: int, world: int, rewards: tuple):
         from grpoplus.build import build_learner_parts, build_learner_plan, build_policy, build_process
         from grpoplus.config import build_config
 
@@ -34,7 +34,7 @@ class LearnerRank:
         self.device = "cuda" if self.cfg.learner.device.startswith("cuda") else self.cfg.learner.device
         model, _ = build_policy(self.cfg, self.device)  # Ray gives the actor its GPU as cuda:0
         model.load_state_dict(weights)
-        self.parts, self.plan = build_learner_parts(self.cfg, model), build_learner_plan(self.cfg)
+        self.parts, self.plan = build_learner_parts(self.cfg, model), build_learner_plan(self.cfg, model, rewards)
         self.rank, self.world, self.learner = rank, world, None
 
     def address(self) -> str:
@@ -76,13 +76,13 @@ class RayLearnerGroup:
     """The learner role as the trainer sees it (``learn``, ``publish``, ``save``, ``load``, ``close``),
     over N :class:`LearnerRank` actors."""
 
-    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, *, gpu: bool,
-                 timeout_s: float):
+    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple, *,
+                 gpu: bool, timeout_s: float):
         self.targets, self.timeout_s = targets, timeout_s
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
                                            scheduling_strategy=here if rank == 0 else "DEFAULT")
-                       .remote(config, weights, rank, ranks) for rank in range(ranks)]
+                       .remote(config, weights, rank, ranks, rewards) for rank in range(ranks)]
         addresses = [actor.address.remote() for actor in self.actors]
         init = [self._wait(ref, rank, "starting (building its model and optimizer)")
                 for rank, ref in enumerate(addresses)][0]  # every rank placed and built; rank 0's address

@@ -36,11 +36,13 @@ class RolloutWorker:
     def __init__(self, config: dict):
         from grpoplus.build import build_engine, build_policy, build_process
         from grpoplus.config import build_config
+        from grpoplus.learner.replay import check_replay
 
         cfg = build_config(base=config)
         build_process(cfg)
         self.model, tokenizer = build_policy(cfg)  # the learner's weights come with sync()
-        self.engine = build_engine(cfg, self.model, tokenizer)
+        moe = check_replay(cfg.algo.routing_replay, self.model) is not None  # the sampler's routing, as in one process
+        self.engine = build_engine(cfg, self.model, tokenizer, record_routing=moe)
 
     def ready(self) -> int:
         return os.getpid()

@@ -4,39 +4,105 @@ One forward over ``cat(prompt, response)`` with the same attention mask and posi
 convention as the rollout engine, so that with equal weights and fp32 the learner's
 numbers equal the sampler's ``logp_roll`` (tests/rollout checks this to 1e-5).
 
-Memory: the vocabulary is large (49k for SmolLM2), so the full [N, T, V] float32
-log-softmax is never materialised next to the logits. :class:`TokenLogProb` computes
-``logp = z[tok] - logsumexp(z)`` (``z = logits / temperature``) over row chunks and, in
-backward, recomputes the softmax chunk by chunk; it saves only the logits, which the
-model produced anyway.
+Memory and work: the vocabulary is large (49k for SmolLM2), so [tokens x V] logits are
+never held. For the architectures in :data:`HEAD_MODEL_TYPES` the model body runs alone
+(:func:`body_hidden_states`) and :class:`ChunkedHeadLogProb` applies the LM head to the
+hidden states of the response tokens only (prompt and padding positions never reach the
+head), chunk by chunk: forward keeps ``logsumexp`` per token, backward recomputes each
+chunk's logits and accumulates ``d hidden`` and ``d head.weight``. Other models (a head
+with a bias, a logit soft-cap or scale, hooks on the head) take the logits path: the
+model's own logits, then :class:`TokenLogProb` over row chunks.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import partial
 
 import torch
 
 from grpoplus.rollout.base import Rollouts
 
-CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [rows, T, V] softmax work (64 MiB)
+CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
+
+HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2"})
+"""``config.model_type`` of the transformers causal LMs whose logits are exactly
+``lm_head(model.model(...).last_hidden_state)``: no bias, scale or soft-cap after the head."""
 
 
-def _row_chunks(logits: torch.Tensor) -> list[slice]:
-    rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-    return [slice(i, i + rows) for i in range(0, logits.shape[0], rows)]
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision and float32 models, float64 for float64 ones (exact gradient tests)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunks(total: int, width: int) -> list[slice]:
+    """Slices of at most ``CHUNK_ELEMENTS // width`` rows covering ``range(total)``."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, width))
+    return [slice(i, i + rows) for i in range(0, total, rows)]
+
+
+class ChunkedHeadLogProb(torch.autograd.Function):
+    """``log softmax(hidden @ weight.T / temperature)`` at ``tokens``, never holding [M, V] logits.
+
+    Forward: hidden [M, H], weight [V, H], tokens [M] long -> (logp [M], entropy [M] (no
+    grad) or None), float32 (float64 for float64 inputs). Per chunk of rows, ``z = h W^T / T``,
+    ``logp = z[tok] - logsumexp(z)``; only the [M] logsumexp is saved.
+    Backward: ``d logp / d z = onehot(tok) - softmax(z)``; with ``g`` the incoming
+    gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``, each chunk's
+    ``z`` recomputed. A tied head (``weight`` is the embedding) gets its gradient added
+    to the embedding's by autograd, as the parameter is the same tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                with_entropy: bool):
+        work = _work_dtype(hidden.dtype)
+        logp = hidden.new_empty(hidden.shape[0], dtype=work)  # [M]
+        lse = torch.empty_like(logp)  # [M]
+        entropy = torch.empty_like(logp) if with_entropy else None
+        for rows in _chunks(hidden.shape[0], weight.shape[0]):
+            z = (hidden[rows] @ weight.T).to(work).div_(temperature)  # [c, V]
+            lse[rows] = z.logsumexp(-1)
+            logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
+            if with_entropy:  # H = logsumexp(z) - sum_v p_v z_v
+                entropy[rows] = lse[rows] - (z - lse[rows, None]).exp_().mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, weight, tokens, lse)
+        ctx.temperature = temperature
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None):
+        hidden, weight, tokens, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[:2]
+        d_hidden = torch.empty_like(hidden) if need_h else None  # [M, H]
+        d_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None  # [V, H]
+        for rows in _chunks(hidden.shape[0], weight.shape[0]):
+            h = hidden[rows]  # [c, H]
+            z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
+            dz = (z - lse[rows, None]).exp_().neg_()  # -softmax(z)
+            dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
+            dz.mul_(grad_logp[rows, None] / ctx.temperature)
+            if need_h:
+                d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                d_weight.addmm_(dz.T, h.to(lse.dtype))
+        return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None
 
 
 class TokenLogProb(torch.autograd.Function):
-    """``log softmax(logits / temperature)`` gathered at ``tokens``, computed over row chunks.
+    """``log softmax(logits / temperature)`` gathered at ``tokens``, computed over row chunks (logits path).
 
-    Forward: logits [N, T, V], tokens [N, T] long -> [N, T] float32.
+    Forward: logits [N, T, V], tokens [N, T] long -> [N, T] float32 (float64 for float64 logits).
     Backward: d logp / d z = onehot(tok) - softmax(z), times 1 / temperature.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-        out = logits.new_empty(tokens.shape, dtype=torch.float32)  # [N, T]
-        for rows in _row_chunks(logits):
-            z = logits[rows].float() / temperature  # [n, T, V]
+        out = logits.new_empty(tokens.shape, dtype=_work_dtype(logits.dtype))  # [N, T]
+        for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+            z = logits[rows].to(out.dtype) / temperature  # [n, T, V]
             out[rows] = z.gather(-1, tokens[rows, :, None]).squeeze(-1) - z.logsumexp(-1)
         ctx.save_for_backward(logits, tokens)
         ctx.temperature = temperature
@@ -46,8 +112,8 @@ class TokenLogProb(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         logits, tokens = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [N, T, V]
-        for rows in _row_chunks(logits):
-            p = (logits[rows].float() / ctx.temperature).softmax(-1)  # [n, T, V]
+        for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+            p = (logits[rows].to(grad_out.dtype) / ctx.temperature).softmax(-1)  # [n, T, V]
             onehot_minus_p = p.neg_().scatter_add_(-1, tokens[rows, :, None], torch.ones_like(p[..., :1]))
             grad[rows] = (onehot_minus_p * (grad_out[rows, :, None] / ctx.temperature)).to(grad.dtype)
         return grad, None, None
@@ -55,41 +121,90 @@ class TokenLogProb(torch.autograd.Function):
 
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of ``softmax(logits / temperature)`` per position: [N, T, V] -> [N, T] float32 (no grad)."""
-    out = logits.new_empty(logits.shape[:2], dtype=torch.float32)
-    for rows in _row_chunks(logits):
-        logp = (logits[rows].float() / temperature).log_softmax(-1)  # [n, T, V]
+    """Entropy of ``softmax(logits / temperature)`` per position: [N, T, V] -> [N, T] float32 or float64 (no grad)."""
+    out = logits.new_empty(logits.shape[:2], dtype=_work_dtype(logits.dtype))
+    for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+        logp = (logits[rows].to(out.dtype) / temperature).log_softmax(-1)  # [n, T, V]
         out[rows] = -(logp.exp() * logp).sum(-1)
     return out
 
 
-def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy):
+def chunked_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's LM head when :class:`ChunkedHeadLogProb` computes its logits exactly, else None.
+
+    Exact when the architecture is in :data:`HEAD_MODEL_TYPES` and the head is a plain
+    bias-free ``nn.Linear`` with no hooks (a hook may change the logits, e.g. in tests).
+    """
+    head = getattr(model, "lm_head", None)
+    supported = (getattr(getattr(model, "config", None), "model_type", None) in HEAD_MODEL_TYPES
+                 and isinstance(getattr(model, "model", None), torch.nn.Module)
+                 and type(head) is torch.nn.Linear and head.bias is None
+                 and not (head._forward_hooks or head._forward_pre_hooks))
+    return head if supported else None
+
+
+def body_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       position_ids: torch.Tensor) -> torch.Tensor:
+    """The transformer body without the LM head: [n, L] ids -> [n, L, H] last hidden states.
+
+    The one place the learner runs the body, so a context that must surround every
+    learner forward (e.g. routing replay of a mixture-of-experts model) wraps this call.
+    """
+    return model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).last_hidden_state
+
+
+def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy):
+    """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only."""
+    t1 = tokens.shape[1]
+    hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
+    where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
+    logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden[where], head.weight, tokens[where], temperature,
+                                                 with_entropy)  # [M]
+    logp = logp_m.new_zeros(tokens.shape).index_put(where, logp_m)  # [n, t1], differentiable in logp_m
+    entropy = entropy_m.new_zeros(tokens.shape).index_put(where, entropy_m) if with_entropy else None
+    return logp, entropy
+
+
+def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy):
+    """logp (and entropy) [n, t1] from the model's own logits (architectures the head path does not cover)."""
+    t1 = tokens.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
+    logp = TokenLogProb.apply(logits, tokens, temperature)
+    mask = mask.to(logp.dtype)
+    return logp * mask, token_entropy(logits.detach(), temperature) * mask if with_entropy else None
+
+
+def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+                  routing=None):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
     keep_t = response_mask.bool().any(0).nonzero()
     t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
     n, T = response_ids.shape
-    logp = response_mask.new_zeros(n, T, dtype=torch.float32)
-    entropy = response_mask.new_zeros(n, T, dtype=torch.float32) if with_entropy else None
     if t1 == 0:  # no response token at all: nothing to score
-        return logp, entropy
+        zeros = response_mask.new_zeros(n, T, dtype=_work_dtype(next(model.parameters()).dtype))
+        return zeros, zeros.clone() if with_entropy else None
     input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
     attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # same convention as the engine
-    # The logits at positions P'-1 .. P'+t1-2 predict the response tokens 0 .. t1-1.
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
-    tokens = response_ids[:, :t1]
-    logp = torch.cat([TokenLogProb.apply(logits, tokens, temperature), logp[:, t1:]], 1)
-    if with_entropy:
-        entropy[:, :t1] = token_entropy(logits.detach(), temperature)
-    return logp * response_mask.to(logp.dtype), entropy
+    # The outputs at positions P'-1 .. P'+t1-2 predict the response tokens 0 .. t1-1.
+    head = chunked_head(model)
+    args = (input_ids, attention_mask, position_ids, response_ids[:, :t1], response_mask[:, :t1], temperature,
+            with_entropy)
+    # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
+    with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
+        logp, entropy = _head_path(model, head, *args) if head is not None else _logits_path(model, *args)
+    pad = (0, T - t1)
+    return (torch.nn.functional.pad(logp, pad),
+            torch.nn.functional.pad(entropy, pad) if with_entropy else None)
 
 
 def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, micro_batch_size: int | None = None
+                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
@@ -100,12 +215,15 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         prompt_ids, prompt_mask: [N, P] left-padded prompts (mask 1 on real tokens).
         response_ids, response_mask: [N, T] right-padded responses (mask 1 on sampled tokens).
         temperature: the sampling temperature, so ``logp`` is comparable with ``logp_roll``.
-        with_entropy: also return the per-token entropy of the same distribution (no grad).
+        with_entropy: also return the per-token entropy of the same distribution (no grad;
+            zero where ``response_mask`` is 0).
         micro_batch_size: forward at most this many rows at a time (bounds activation
             memory for no-grad scoring; under grad all activations are kept anyway).
+        routing: MoE routing of the forwards (a ``grpoplus.learner.replay.LearnerRouting``, called
+            with each forward's row slice and input-column slice); None: the router's own choice.
 
     Returns:
-        ``(logp [N, T] float32, entropy [N, T] float32 or None)``.
+        ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).
     """
     if prompt_ids.shape != prompt_mask.shape or response_ids.shape != response_mask.shape:
         raise ValueError(f"ids and masks must have equal shapes: prompt {tuple(prompt_ids.shape)} vs "
@@ -117,7 +235,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         raise ValueError(f"temperature must be > 0, got {temperature}")
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
-                           response_mask[i:i + step], temperature, with_entropy)
+                           response_mask[i:i + step], temperature, with_entropy,
+                           None if routing is None else partial(routing, slice(i, i + step)))
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

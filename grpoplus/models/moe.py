@@ -58,26 +58,11 @@ def tiny_moe_config(vocab_size: int, *, size: str = "moe", **overrides) -> Qwen3
 
 def tiny_moe_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "moe", seed: int = 0,
                    **overrides) -> Qwen3MoeForCausalLM:
-    """A randomly initialised fp32 tiny Qwen3-MoE for ``tokenizer``; same ``seed`` -> same weights.
+    """A randomly initialised fp32 tiny Qwen3-MoE for ``tokenizer``; same ``seed`` -> same weights
+    (``tiny_model`` with an MoE size; ``overrides`` are Qwen3MoeConfig fields)."""
+    from grpoplus.models.tiny import tiny_model  # tiny.py dispatches its MoE sizes to this module's config
 
-    ``overrides`` are Qwen3MoeConfig fields on top of the ``size`` preset. The special-token
-    ids of the tokenizer are written into the config and the generation config.
-    """
-    config = tiny_moe_config(
-        len(tokenizer),
-        size=size,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **overrides,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config).to(torch.float32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return tiny_model(tokenizer, size=size, seed=seed, **overrides)
 
 
 @contextmanager

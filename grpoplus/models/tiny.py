@@ -7,9 +7,9 @@ It is an ordinary transformers model, so everything downstream (generation, log-
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase, Qwen3MoeForCausalLM
 
-from grpoplus.models.moe import MOE_SIZES, tiny_moe_model
+from grpoplus.models.moe import MOE_SIZES, tiny_moe_config
 
 # Attention heads are 32 wide in every size: vLLM's CPU attention kernels take head sizes of
 # 32, 64, 80, 96, ... only, and the built-in models must run on every rollout engine.
@@ -52,19 +52,15 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed:
     The special-token ids of the tokenizer are written into the config and the generation
     config, so ``model.generate`` stops at ``<eos>`` and pads with ``<pad>``.
     """
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id)
     if size in MOE_SIZES:
-        return tiny_moe_model(tokenizer, size=size, seed=seed, **overrides)
-    config = tiny_config(
-        len(tokenizer),
-        size=size,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **overrides,
-    )
+        config, cls = tiny_moe_config(len(tokenizer), size=size, **special, **overrides), Qwen3MoeForCausalLM
+    else:
+        config, cls = tiny_config(len(tokenizer), size=size, **special, **overrides), LlamaForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = cls(config).to(torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -9,11 +9,16 @@ from (``logp_roll``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
+from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 
@@ -42,9 +47,11 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
 
     Each distinct prompt is prefilled once and its KV cache copied to its rows (a group of
-    G samples shares one prompt, so this divides the prefill work by G). Rows that have
-    ended are dropped from the batch once they make up a quarter of it, so later steps
-    mostly compute live rows without copying the cache at every step.
+    G samples shares one prompt, so this divides the prefill work by G) in a cache
+    allocated at its final length: a step writes one position and copies nothing
+    (:mod:`grpoplus.rollout.decode_ops`, also for the attention and linear kernels). Rows
+    that have ended are dropped from the batch once they make up a quarter of it, so later
+    steps mostly compute live rows.
 
     Args:
         input_ids, attention_mask: [b, P] left-padded distinct prompts.
@@ -55,40 +62,65 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         ``(tokens [n, T], mask [n, T] float, logp [n, T] float32, finished [n] bool)``,
         ``T <= params.max_new_tokens`` (the loop stops once every row has ended).
     """
+    with decode_attention(model):
+        state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens)
+        with packed_linears(model, len(state.rows)):
+            return sample_loop(model, state, params, stop_ids, pad_id, generator)
+
+
+@dataclass
+class DecodeState:
+    """The batch being decoded: m live slots of the n output rows."""
+
+    cache: Cache  # KV cache of the m slots, room for `capacity` positions
+    logits: torch.Tensor  # [m, V] next-token logits
+    masks: torch.Tensor  # [n, capacity] attention mask; slot i uses row i, columns up to the current length
+    next_pos: torch.Tensor  # [m, 1] position id of the next token
+    rows: torch.Tensor  # [m] output row of each slot
+    length: int  # positions filled so far (prompt columns + sampled tokens)
+
+
+def prefill(model, input_ids, attention_mask, repeats, capacity: int) -> DecodeState:
+    """Forward the b distinct prompts once and copy their cache and logits to the n = repeats.sum() rows."""
     # Position of every real token counted from the row's first real token (left padding).
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
     expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
-    cache.batch_select_indices(expand)
-    logits, attention_mask, next_pos = logits[expand], attention_mask[expand], position_ids[expand, -1:] + 1
-    n = len(expand)
-    rows = torch.arange(n, device=input_ids.device)  # [m] output row of each batch slot, m <= n
-    running = torch.ones(n, dtype=torch.bool, device=input_ids.device)  # [m] slot still generating
-    finished = torch.zeros(n, dtype=torch.bool, device=input_ids.device)  # [n]
+    masks = attention_mask.new_ones(len(expand), capacity)  # sampled columns are attended to
+    masks[:, : input_ids.shape[1]] = attention_mask[expand]
+    return DecodeState(expand_to_rows(cache, expand, capacity), logits[expand], masks, position_ids[expand, -1:] + 1,
+                       torch.arange(len(expand), device=input_ids.device), input_ids.shape[1])
+
+
+def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id: int, generator):
+    """Sample up to ``params.max_new_tokens`` tokens per row from the prefilled state (see :func:`decode`)."""
+    n = len(s.rows)
+    running = torch.ones(n, dtype=torch.bool, device=s.rows.device)  # [m] slot still generating
+    finished = torch.zeros(n, dtype=torch.bool, device=s.rows.device)  # [n]
     tokens, logps, masks = [], [], []
     for step in range(params.max_new_tokens):
-        tok, logp = sample_next(logits, temperature=params.temperature, top_p=params.top_p, greedy=params.greedy,
+        tok, logp = sample_next(s.logits, temperature=params.temperature, top_p=params.top_p, greedy=params.greedy,
                                 generator=generator)  # [m], [m]
-        tokens.append(scatter_rows(tok.masked_fill(~running, pad_id), rows, n, pad_id))
-        logps.append(scatter_rows(logp.masked_fill(~running, 0.0), rows, n, 0.0))
-        masks.append(scatter_rows(running, rows, n, False))
+        tokens.append(scatter_rows(tok.masked_fill(~running, pad_id), s.rows, n, pad_id))
+        logps.append(scatter_rows(logp.masked_fill(~running, 0.0), s.rows, n, 0.0))
+        masks.append(scatter_rows(running, s.rows, n, False))
         ended = running & torch.isin(tok, stop_ids)  # [m]
-        finished[rows[ended]] = True
+        finished[s.rows[ended]] = True
         running = running & ~ended
         stopped = int((~running).sum())
-        if step + 1 == params.max_new_tokens or stopped == len(rows):
+        if step + 1 == params.max_new_tokens or stopped == len(s.rows):
             break
-        if 4 * stopped >= len(rows):  # drop ended slots once they are a quarter of the batch (amortised copy)
+        if 4 * stopped >= len(s.rows):  # drop ended slots once they are a quarter of the batch (amortised copy)
             keep = running.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, running, tok, attention_mask, next_pos = (x[keep] for x in (rows, running, tok, attention_mask,
-                                                                                next_pos))
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], 1)  # [m, P + step + 1]
-        logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos,
-                       past_key_values=cache, use_cache=True).logits[:, -1]  # [m, V]
-        next_pos = next_pos + 1
+            s.cache.batch_select_indices(keep)
+            s.masks[: len(keep)] = s.masks[keep]
+            s.rows, running, tok, s.next_pos = (x[keep] for x in (s.rows, running, tok, s.next_pos))
+        s.length += 1
+        s.logits = model(input_ids=tok[:, None], attention_mask=s.masks[: len(s.rows), : s.length],
+                         position_ids=s.next_pos, past_key_values=s.cache, use_cache=True).logits[:, -1]  # [m, V]
+        s.next_pos = s.next_pos + 1
     return torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), finished
 
 
@@ -103,10 +135,12 @@ class HFEngine:
             (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
         options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
             learner's module itself, or a bf16-rounded or int8 copy made again at every sync);
-            ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``).
+            ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``);
+            ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts.
     """
 
     name = "hf"
+    returns_routing = True  # honours EngineOptions.record_routing
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  options: EngineOptions = EngineOptions()):
@@ -119,6 +153,9 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0
+        self.record_routing = options.record_routing
+        if self.record_routing:
+            routing_spec(model)  # ValueError naming the model when it has no MoE router
         self.model = sampler_model(model, self.quantization)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
@@ -153,13 +190,24 @@ class HFEngine:
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                             skip_special_tokens=True)
         cpu = torch.device("cpu")  # the trainer's bookkeeping lives on the CPU; the learner moves what it needs
+        routing = self._routing(prompt_ids, prompt_mask, tokens, mask).to(cpu) if self.record_routing else None
         return Rollouts(
             prompt_ids=prompt_ids.to(cpu), prompt_mask=prompt_mask.to(cpu), response_ids=tokens.to(cpu),
             response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=torch.cat([p[3] for p in parts]).to(cpu),
             group_ids=torch.arange(len(prompts)).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
-            policy_version=self.version,
+            policy_version=self.version, routing=routing,
         )
+
+    def _routing(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+        """[N, P + T, L, k] the experts the sampler's model routes every token to (one teacher-forced
+        forward, grpoplus.models.routing.rollout_routing: the decode loop's choices up to float rounding,
+        i.e. except at a near-tie of two experts), NATURAL on padding."""
+        routing = rollout_routing(self.model, prompt_ids, prompt_mask, tokens, mask,
+                                  micro_batch_size=self.max_batch_size)
+        real = torch.cat([prompt_mask.bool(), mask.bool()], 1)  # [N, P + T]
+        return routing.masked_fill(~real[:, :, None, None], NATURAL)
 
 
 def row_chunks(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, max_rows: int | None

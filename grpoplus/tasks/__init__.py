@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 
 from grpoplus.tasks import arithmetic, countdown  # noqa: F401  (registers the built-in tasks)
-from grpoplus.tasks.base import TASKS, Example, Task
+from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
 
 
 def get_task(name: str, **kwargs) -> Task:
@@ -28,4 +28,4 @@ def get_task(name: str, **kwargs) -> Task:
     return factory(**kwargs)
 
 
-__all__ = ["TASKS", "Example", "Task", "get_task"]
+__all__ = ["TASKS", "Example", "Task", "get_task", "without_prompts"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from grpoplus.algo import AlgoConfig, prepare_loss
+from grpoplus.algo import AlgoConfig, EntropyControl, prepare_loss
 from grpoplus.containers import TrainBatch
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
@@ -28,6 +28,15 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", 
 CASES = [(agg, corrections, beta) for agg in AGGREGATIONS for corrections in ((), ("tis_token", "geo_mask"))
          for beta in (0.0, 0.05)]
 """Every aggregation, without and with corrections (a clipping and a masking one), without and with KL."""
+EXTRA_CASES = {
+    "entropy_adaptive": ({"entropy_coef": 0.01, "entropy_adaptive": True, "entropy_target": 10.0}, {}),
+    "clip_cov": ({"loss": "clip_cov", "cov_lb": -10.0, "cov_ub": 10.0, "cov_ratio": 0.2}, {}),
+    "token_budget": ({}, {"micro_batch_tokens": 100}),
+}
+"""Parts of the update each rank must reproduce, with (algo, plan) settings: the entropy bonus under
+adaptive control (its coefficient carried from step to step), Clip-Cov's random token subset
+(seeded per optimizer step), micro-batches by token budget (rows taken out of order: the 10 rows
+of 10 tokens, then the 6 rows of 8, one micro-batch per rank)."""
 
 
 def algo_for(aggregation: str, corrections: tuple, beta: float) -> AlgoConfig:
@@ -55,14 +64,32 @@ def train_three_steps(case: tuple, dtype: torch.dtype, micro: int, group: RankGr
     """Weights and update metrics after three update_policy calls (three optimizer steps)."""
     algo = algo_for(*case)
     mode = logp_old_mode(algo, "auto", algo.beta > 0)  # forward (fused) or recompute, as the trainer picks
+    return run_three_steps(algo, LearnerPlan(1.0, micro, 1.0, mode), dtype, group)
+
+
+def train_extra(name: str, group: RankGroup | None) -> dict:
+    """:func:`run_three_steps` for one of ``EXTRA_CASES`` (float64, token_mean, pi_old recomputed)."""
+    algo_kwargs, plan_kwargs = EXTRA_CASES[name]
+    algo = AlgoConfig.preset("grpo", aggregation="token_mean", max_len=T, **algo_kwargs)
+    return run_three_steps(algo, LearnerPlan(1.0, 8, 1.0, "recompute", seed=3, **plan_kwargs), torch.float64, group)
+
+
+def every_extra(group: RankGroup | None) -> dict:
+    return {name: train_extra(name, group) for name in EXTRA_CASES}
+
+
+def run_three_steps(algo: AlgoConfig, plan: LearnerPlan, dtype: torch.dtype, group: RankGroup | None) -> dict:
+    """Weights and update metrics after three update_policy calls (three optimizer steps), with the
+    entropy control and optimizer-step index carried from call to call as the learner carries them."""
     model = tiny_model(char_tokenizer(), size="nano", seed=0).to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99), foreach=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    plan = LearnerPlan(1.0, micro, 1.0, mode)
+    control = EntropyControl.from_config(algo)
     metrics = []
     for seed in range(3):
-        batch = batch_for(seed, dtype, with_logp_old=mode != "forward", with_ref=algo.beta > 0)
-        result = update_policy(model, optimizer, scheduler, batch, algo, plan, group)
+        batch = batch_for(seed, dtype, with_logp_old=plan.logp_old != "forward", with_ref=algo.beta > 0)
+        result = update_policy(model, optimizer, scheduler, batch, algo, plan, control,
+                               first_step=seed * algo.updates_per_batch, group=group)
         metrics.append(result.metrics)
     return {"weights": {k: v.clone() for k, v in model.state_dict().items()}, "metrics": metrics,
             "entropy": result.entropy}

@@ -52,6 +52,20 @@ def test_two_ranks_make_the_single_process_update(single, two_ranks, case):
         _assert_weights(rank1["weights"], rank0["weights"], exact=True, dtype=dtype)
 
 
+def test_two_ranks_reproduce_entropy_control_clip_cov_and_token_budgets(tmp_path):
+    """The entropy bonus's adaptive coefficient, Clip-Cov's random subset and token-budget
+    micro-batches (one per rank, rows out of order) come out bit-for-bit as in one process."""
+    reference = ranks.every_extra(None)
+    rank0, rank1 = ranks.spawn(ranks.every_extra, 2, tmp_path)
+    for name in ranks.EXTRA_CASES:
+        _assert_weights(rank0[name]["weights"], reference[name]["weights"], exact=True, dtype=torch.float64)
+        _assert_weights(rank1[name]["weights"], rank0[name]["weights"], exact=True, dtype=torch.float64)
+        assert rank0[name]["metrics"] == reference[name]["metrics"], name
+    coefs = [m["entropy/coef"] for m in reference["entropy_adaptive"]["metrics"]]
+    assert len(set(coefs)) == 3, coefs  # the coefficient moved every step: its state was carried
+    assert all(m["loss/cov_selected_frac"] > 0 for m in reference["clip_cov"]["metrics"])  # a random subset
+
+
 def test_the_cases_move_the_weights_and_mask_tokens(single):
     """The equality above is not vacuous: every case changes the weights, and the corrections mask rows."""
     start = ranks.tiny_model(ranks.char_tokenizer(), size="nano", seed=0).state_dict()

@@ -84,7 +84,7 @@ def test_gradient_matches_plain_log_softmax(setup, monkeypatch, chunk_elements):
     # log_softmax(logits / T).gather(...) on the full [N, T, V] tensor.
     model, prompt_ids, prompt_mask, response_ids, response_mask = setup
     monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", chunk_elements)
-    weights = torch.randn(response_mask.shape)  # an arbitrary upstream gradient
+    weights = torch.randn(response_mask.shape, generator=torch.Generator().manual_seed(0))  # any upstream grad
 
     def grads(logp):
         model.zero_grad()
@@ -111,3 +111,93 @@ def test_mismatched_shapes_are_rejected(setup):
         response_logprobs(model, prompt_ids[:2], prompt_mask[:2], response_ids, response_mask)
     with pytest.raises(ValueError, match="temperature"):
         response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 7 * 11, 1 << 24])  # one row, 7 rows (a ragged last chunk), all
+def test_chunked_head_gradient_equals_autograd_in_float64(monkeypatch, chunk_elements):
+    # The head path's custom backward, d hidden = dz W and d W = dz^T h with
+    # dz = g (onehot - softmax(z)) / T, equals autograd through the full [M, V] log_softmax.
+    monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", chunk_elements)
+    gen = torch.Generator().manual_seed(0)
+    M, H, V, T = 23, 5, 11, 0.7
+    hidden = torch.randn(M, H, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(V, H, dtype=torch.float64, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, V, (M,), generator=gen)
+    upstream = torch.randn(M, dtype=torch.float64, generator=gen)
+
+    logp, entropy = logprobs_mod.ChunkedHeadLogProb.apply(hidden, weight, tokens, T, True)
+    ours = torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
+    logp_all = (hidden @ weight.T / T).log_softmax(-1)  # [M, V], the plain computation
+    plain = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    expected = torch.autograd.grad((plain * upstream).sum(), (hidden, weight))
+    torch.testing.assert_close(logp, plain, atol=1e-12, rtol=0)
+    torch.testing.assert_close(entropy, -(logp_all.exp() * logp_all).sum(-1), atol=1e-12, rtol=0)
+    for g, e in zip(ours, expected):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
+    assert torch.autograd.gradcheck(lambda h, w: logprobs_mod.ChunkedHeadLogProb.apply(h, w, tokens, T, False)[0],
+                                    (hidden, weight))
+
+
+def _largest_tensor(fn) -> int:
+    """Elements of the largest tensor any aten op creates while ``fn()`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        fn()
+    return Largest.numel
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_peak_tensor_does_not_grow_with_vocab_times_tokens(monkeypatch, hook):
+    # A large-vocabulary toy (V = 20000, H = 8): the head path's largest tensor is the
+    # [V, H] head gradient or one [chunk, V] block, the same for 16 or 64 response tokens per
+    # row; the logits path (taken when a hook sits on the head) holds [N, T, V] logits.
+    from transformers import LlamaForCausalLM
+
+    from grpoplus.models.tiny import tiny_config
+
+    monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", 4 * 20000)  # 4 tokens per chunk
+    model = LlamaForCausalLM(tiny_config(20000, size="nano", hidden_size=8, num_attention_heads=2,
+                                         num_key_value_heads=2, intermediate_size=16))
+    if hook:
+        model.lm_head.register_forward_hook(lambda mod, inp, out: out)
+    gen = torch.Generator().manual_seed(0)
+
+    def largest(T: int) -> int:
+        N = 4
+        ids = torch.randint(0, 20000, (N, 3 + T), generator=gen)
+        masks = torch.ones(N, 3, dtype=torch.long), torch.ones(N, T)
+        run = lambda: response_logprobs(model, ids[:, :3], masks[0], ids[:, 3:], masks[1],  # noqa: E731
+                                        with_entropy=True)[0].sum().backward()
+        return _largest_tensor(run)
+
+    short, long = largest(16), largest(64)
+    if hook:
+        assert long >= 4 * 64 * 20000  # the test can see [N, T, V] logits when they exist
+    else:
+        assert short == long <= max(20000 * 8, 4 * 20000)
+
+
+def test_head_with_a_bias_takes_the_logits_path(setup):
+    # A head the chunked path cannot compute (a bias) falls back to the model's own logits,
+    # and the result still equals the unpadded row-by-row reference.
+    model, *batch = setup
+    assert logprobs_mod.chunked_head(model) is model.lm_head
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.normal_()
+    model.lm_head = head
+    assert logprobs_mod.chunked_head(model) is None
+    logp, _ = response_logprobs(model, *batch, temperature=0.9)
+    torch.testing.assert_close(logp, reference_logprobs(model, *batch, 0.9), atol=1e-5, rtol=0)

