@@ -40,6 +40,7 @@ def prompts_for(model_name: str, tokenizer, n: int) -> list[str]:
     return [e.prompt for e in examples]
 
 
+@torch.no_grad()
 def gap(model, rollouts, temperature: float) -> dict[str, float]:
     logp, _ = response_logprobs_from_rollouts(model, rollouts, temperature=temperature, micro_batch_size=16)
     m = mismatch_metrics(logp, rollouts.logp_roll, rollouts.response_mask.bool())

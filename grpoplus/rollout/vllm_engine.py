@@ -92,8 +92,10 @@ class VLLMEngine:
         try:
             model.save_pretrained(self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
+            threads = torch.get_num_threads()
             self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
-            torch.set_num_threads = SET_THREADS  # the learner in this process keeps its own thread setting
+            torch.set_num_threads = SET_THREADS  # vLLM's start lowers the count and blocks the setter:
+            SET_THREADS(threads)  # the learner in this process keeps its own thread count
         except (EngineError, ImportError):
             self.close()
             raise

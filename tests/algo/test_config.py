@@ -101,7 +101,7 @@ PRESET_PROPERTIES = {
     "grpo": dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.2, aggregation="seq_mean_token_mean",
                  kl_estimator="k3", kl_placement="in_loss", beta=0.04),
     "dapo": dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.28, aggregation="token_mean",
-                 dynamic_sampling=True, overlong_shaping=True, beta=0.0),
+                 dynamic_sampling=True, overlong_shaping=True, beta=0.0, num_minibatches=4),
     "dr_grpo": dict(adv_estimator="dr_grpo", loss="clip", eps_low=0.2, eps_high=0.2,
                     aggregation="seq_mean_token_sum_norm", beta=0.0),
     "gspo": dict(adv_estimator="grpo", loss="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean",
@@ -152,7 +152,7 @@ def test_preset_extras_and_overrides():
     assert AlgoConfig(max_len=100).cache_len == 25
 
 
-UPDATES_PER_BATCH = {"dapo": 1, "grpo": 4, "gfpo": 4, "gspo": 4, "cispo": 4, "sapo": 4, "dppo_tv": 4, "dppo_kl": 4,
+UPDATES_PER_BATCH = {"dapo": 4, "grpo": 4, "gfpo": 4, "gspo": 4, "cispo": 4, "sapo": 4, "dppo_tv": 4, "dppo_kl": 4,
                      "clip_cov": 4, "kl_cov": 4, "skywork_or1": 1}
 
 
@@ -165,11 +165,12 @@ def test_preset_update_structure(name):
 
 def test_inert_switches_with_one_update_per_batch():
     # DAPO with one update: r = 1, so its clip-higher range cannot bind; dual clip off is not listed.
-    assert AlgoConfig.preset("dapo").inert_switches() == ["eps_low=0.2", "eps_high=0.28"]
-    assert AlgoConfig.preset("dapo", num_minibatches=2).inert_switches() == []
-    assert AlgoConfig.preset("dapo", num_iterations=2).inert_switches() == []
+    one = AlgoConfig.preset("dapo", num_minibatches=1)
+    assert one.inert_switches() == ["eps_low=0.2", "eps_high=0.28"]
+    assert AlgoConfig.preset("dapo").inert_switches() == []  # the preset's own 4 updates
+    assert AlgoConfig.preset("dapo", num_minibatches=1, num_iterations=2).inert_switches() == []
     # against the sampler (learner.logp_old=rollout) the clip acts on the mismatch
-    assert AlgoConfig.preset("dapo").inert_switches(pi_old_is_sampler=True) == []
+    assert one.inert_switches(pi_old_is_sampler=True) == []
     assert AlgoConfig.preset("deepseek_v32").inert_switches() == ["eps_low=0.2", "eps_high=0.2", "kl_estimator='k3_is'"]
     assert AlgoConfig.preset("sapo", num_minibatches=1).inert_switches() == ["tau_pos=1.0", "tau_neg=1.05"]
     assert AlgoConfig.preset("dppo_tv", num_minibatches=1).inert_switches() == ["eps_low=0.15", "eps_high=0.15", "pg_cap=20.0"]

@@ -163,3 +163,18 @@ def test_bad_requests_name_the_problem(name, engines):
 def test_an_unavailable_quantization_is_refused_before_loading(name, trained, tok):
     with pytest.raises(ValueError, match="quantization"):
         ENGINES.get(name)(trained, tok, EngineOptions(quantization="fp8"))
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_an_engine_leaves_the_processs_thread_count_alone(name, engines):
+    """The learner shares the process: vLLM's CPU worker lowers torch's thread count and replaces
+    ``torch.set_num_threads`` with a no-op as it starts; the engine must undo both."""
+    threads = torch.get_num_threads()
+    engine = engines(name)
+    engine.generate(["3+4="], SamplingParams(n=2, max_new_tokens=4), generator=seeded(0))
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(threads + 1)
+    try:
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)

@@ -194,8 +194,9 @@ def test_a_broken_user_reward_stops_the_run_with_its_name(nano_dir, tmp_path, ca
 
 
 def test_inert_switches_are_named_once_before_step_1(nano_dir, tmp_path, capsys):
-    # dapo takes one optimizer step per batch: its clip range cannot act.
-    assert _train("--model", nano_dir, "--out", str(tmp_path / "dapo"), "max_steps=2", *SMALL) == 0
+    # dapo with one optimizer step per batch: its clip range cannot act.
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "dapo"), "max_steps=2", "num_minibatches=1",
+                  *SMALL) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1
     assert "eps_low=0.2, eps_high=0.28 cannot act" in notes[0] and "num_minibatches > 1" in notes[0]
