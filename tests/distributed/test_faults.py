@@ -31,7 +31,7 @@ def test_more_learner_ranks_than_devices_cannot_fit(monkeypatch):
 
 
 def test_every_rank_needs_a_micro_batch_and_workers_need_ray():
-    with pytest.raises(ValueError, match="lower micro_batch_size to 128 or fewer"):
+    with pytest.raises(ValueError, match="a mini-batch of 64 responses makes only 1 .* lower micro_batch_size to 32 or fewer"):
         build_config(overrides=["data_parallel=2", "micro_batch_size=256"])
     with pytest.raises(ValueError, match="rollout.workers=2 runs its engines as Ray actors: set cluster=ray"):
         build_config(overrides=["rollout.workers=2"])

@@ -21,7 +21,7 @@ from grpoplus.models.tokenizer import char_tokenizer  # noqa: E402
 from grpoplus.trainer import train  # noqa: E402
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
-         "progress=false", "loggers=[]", "threads=1", "micro_batch_size=8", "doctor_every=0", "save_every=2",
+         "progress=false", "loggers=[]", "threads=1", "micro_batch_size=2", "doctor_every=0", "save_every=2",
          "eval_every=2", "ray.timeout_s=300"]
 
 

@@ -24,7 +24,7 @@ from grpoplus.trainer import train
 # 4 prompts x 4 responses = 16 rows, micro-batches of 8: one per rank, so 2 ranks add exactly the
 # two gradients one process adds.
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
-         "progress=false", "loggers=[]", "threads=1", "micro_batch_size=8", "doctor_every=0"]
+         "progress=false", "loggers=[]", "threads=1", "micro_batch_size=2", "doctor_every=0"]
 
 
 @pytest.fixture(scope="module")
