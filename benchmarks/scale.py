@@ -83,8 +83,8 @@ def staleness(args, root: Path) -> dict:
 
 
 def data_parallel(args, root: Path) -> dict:
-    runs = {n: run(root / f"dp{n}", args.dp_steps, 0, args.eval_size, [f"data_parallel={n}", *args.extra])
-            for n in (1, 2)}
+    runs = {n: run(root / f"dp{n}", args.dp_steps, 0, args.eval_size,
+                   [f"data_parallel={n}", f"micro_batch_size={args.dp_micro}", *args.extra]) for n in (1, 2)}
     out = {}
     for n, r in runs.items():
         trained = [x for x in r["records"] if x["step"] > 0]
@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--dp-steps", type=int, default=10, help="steps per data-parallel run")
+    parser.add_argument("--dp-micro", type=int, default=16,
+                        help="micro_batch_size of both data-parallel runs (each rank takes whole micro-batches)")
     parser.add_argument("--parts", nargs="+", default=["staleness", "data_parallel"])
     parser.add_argument("--extra", nargs="*", default=[], help="key=value overrides for every run")
     args = parser.parse_args()

@@ -25,9 +25,9 @@ def test_cluster_ray_without_ray_installed_names_the_install(monkeypatch):
 def test_more_learner_ranks_than_devices_cannot_fit(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     with pytest.raises(ValueError, match="data_parallel=3 needs one device per rank but this machine has 2 CPU cores"):
-        build_config(overrides=["data_parallel=3"])
+        build_config(overrides=["data_parallel=3", "micro_batch_size=16"])
     with pytest.raises(ValueError, match="this machine has 0 GPUs"):
-        build_config(overrides=["data_parallel=2", "learner.device=cuda"])
+        build_config(overrides=["data_parallel=2", "micro_batch_size=16", "learner.device=cuda"])
 
 
 def test_every_rank_needs_a_micro_batch_and_workers_need_ray():
@@ -44,7 +44,7 @@ def test_torchrun_rank_count_must_match_data_parallel(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 nodes x 2 ranks
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(ValueError, match="torchrun started 4 ranks but learner.data_parallel=2"):
-        torchrun_follower(build_config(overrides=["data_parallel=2"]))
+        torchrun_follower(build_config(overrides=["data_parallel=2", "micro_batch_size=16"]))
     assert torchrun_follower(build_config(overrides=["data_parallel=4", "micro_batch_size=16"]))
 
 
