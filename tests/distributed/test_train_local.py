@@ -111,7 +111,7 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
 def test_asynchronous_run_stays_within_its_bound_and_resumes(nano_dir, tmp_path, k):
     out = tmp_path / f"async{k}"
     common = ["--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=5", "save_every=2", "eval_every=0",
-              f"max_staleness={k}", "logp_old=recompute", "corrections=[tis_token]", *SMALL]
+              f"max_staleness={k}", "logp_old=recompute", "corrections=[tis_token]", *SMALL, "micro_batch_size=8"]
     run = _cli(common, {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
     assert run.returncode == -9
     resumed = _cli(["--resume", str(out)])
