@@ -91,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from grpoplus.distributed import RoleError
     from grpoplus.packages import install_hint
     from grpoplus.rewards import RewardError
     from grpoplus.rollout import EngineError
 
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RewardError, EngineError) as err:
+    except (ValueError, FileNotFoundError, RewardError, EngineError, RoleError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:  # a missing optional package: the pip install that adds it

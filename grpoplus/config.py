@@ -56,6 +56,9 @@ class RunConfig:
     """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
     overrides: list = field(default_factory=list)
     """The key=value overrides given on the command line (recorded for reports)."""
+    cluster: str = "local"
+    """local: this machine (one process, or learner.data_parallel ranks it starts; torchrun works too) |
+    ray: the roles as Ray actors (rollout workers, learner ranks) and tasks (reward scoring), see the ray section."""
 
 
 @dataclass
@@ -123,6 +126,11 @@ class RolloutConfig:
     kv_cache_memory_bytes, dtype, sleep_between_steps, ...)."""
     eval_samples: int = 4
     """Sampled responses per held-out prompt (pass@k with k = this); 0 = greedy only."""
+    workers: int = 1
+    """Rollout workers, each with its own engine (cluster=ray); a step's prompts are split among them."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: a batch sampled with policy version v may be trained on at version <= v + K
+    while the next batches are sampled. 0 = the synchronous loop (sample, then train)."""
 
 
 @dataclass
@@ -155,6 +163,25 @@ class LearnerConfig:
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
     """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
+    data_parallel: int = 1
+    """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of
+    every mini-batch; gradients are summed over the ranks, so the update is the one of a single process."""
+    collective_timeout_s: float = 300.0
+    """Longest a learner rank waits for the others (joining, the gradient all-reduce, an update's
+    payload) before the run stops with an error naming the rank."""
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """None: start a local Ray instance; "auto" or "host:port": join that running Ray cluster (cluster=ray)."""
+    num_cpus: int | None = None
+    """CPUs of a local Ray instance (None = Ray's default: all of this machine's)."""
+    timeout_s: float = 600.0
+    """Longest to wait for a role's actor to start, or for a call without a time limit of its own
+    (reward scoring, a learner step, a checkpoint) before the run stops with an error naming it."""
+    max_restarts: int = 3
+    """Restarts of a rollout worker that dies; its request is sent again, so no step is lost."""
 
 
 SECTIONS: dict[str, type] = {
@@ -163,6 +190,7 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "learner": LearnerConfig,
     "algo": AlgoConfig,
+    "ray": RayConfig,
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -171,6 +199,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.quantization": ("none", "bf16_rounded", "int8", "fp8"),
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
+    "run.cluster": ("local", "ray"),
 }
 
 
@@ -181,6 +210,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.preset("dapo"))
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def to_dict(self) -> dict:
         return {name: _section_dict(getattr(self, name)) for name in SECTIONS}
@@ -394,6 +424,51 @@ def _check(cfg: Config) -> None:
     if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
         raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
+    _check_scale(cfg)
+
+
+def _check_scale(cfg: Config) -> None:
+    """Learner ranks, rollout workers, staleness and the cluster: what can run, before anything starts."""
+    from grpoplus.packages import require_package
+
+    r, lrn = cfg.rollout, cfg.learner
+    for key, value, low in (("learner.data_parallel", lrn.data_parallel, 1), ("rollout.workers", r.workers, 1),
+                            ("rollout.max_staleness", r.max_staleness, 0), ("ray.max_restarts", cfg.ray.max_restarts, 0)):
+        if value < low:
+            raise ValueError(f"config key {key} must be >= {low}, got {value}")
+    for key, value in (("learner.collective_timeout_s", lrn.collective_timeout_s), ("ray.timeout_s", cfg.ray.timeout_s)):
+        if value <= 0:
+            raise ValueError(f"config key {key} must be > 0, got {value}")
+    if cfg.run.cluster == "local" and r.workers > 1:
+        raise ValueError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
+    if cfg.run.cluster == "ray":
+        require_package("ray", "cluster=ray")
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.num_minibatches
+    if not lrn.micro_batch_tokens and -(-rows // lrn.micro_batch_size) < lrn.data_parallel:  # a token budget's count varies
+        raise ValueError(f"learner.data_parallel={lrn.data_parallel} ranks take whole micro-batches, but a mini-batch "
+                         f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
+                         f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
+                         f"{max(1, rows // lrn.data_parallel)} or fewer")
+    if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
+        import os
+
+        _check_local_devices(lrn.device, int(os.environ.get("LOCAL_WORLD_SIZE", lrn.data_parallel)))
+
+
+def _check_local_devices(device: str, ranks: int) -> None:
+    """More learner ranks on this machine than it has devices (GPUs, or CPU cores) cannot fit."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = len(os.sched_getaffinity(0)), "CPU cores"
+    if ranks > have:
+        raise ValueError(f"learner.data_parallel={ranks} needs one device per rank but this machine has {have} "
+                         f"{what} (learner.device={device}): lower data_parallel, or run on a Ray cluster "
+                         "(cluster=ray) or with torchrun across machines")
 
 
 def _check_group_size(cfg: Config) -> None:

@@ -15,15 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from grpoplus import algo as A
 from grpoplus.build import Components, build
-from grpoplus.collect import collect
 from grpoplus.config import Config, build_config
 from grpoplus.containers import ScoredGroups
+from grpoplus.distributed.local import follow_torchrun, torchrun_follower
 from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
-from grpoplus.learner.prepare import prepare
-from grpoplus.learner.update import update_policy
 from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
@@ -34,26 +31,23 @@ KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
 
 def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
-    collected = collect(c.engine, c.sampler, c.train, c.scorer, c.collect_plan, c.generator)
+    collected = c.collector.next(step)
     metrics = dict(collected.metrics)
     metrics.update(rollout_metrics(collected.drawn, collected.batch))
     if collected.batch is None:  # every group had zero spread: nothing to train on this step
         metrics.update({"optim/skipped_updates": 0.0, "time/learner_s": 0.0})
+        c.learner.publish(version=step)  # versions count steps, trained on or not (bounded staleness relies on it)
         return metrics, collected.drawn[-1]
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
-    batch, entropy, prep_metrics = prepare(collected.batch, c.model, c.ref_model, cfg.algo, c.learner_plan)
-    result = update_policy(c.model, c.optimizer, c.scheduler, batch, cfg.algo, c.learner_plan, c.entropy_control,
-                           first_step=(step - 1) * cfg.algo.updates_per_batch)
-    c.engine.sync_weights(c.model, version=step)
-    if c.ref_model is not None and A.should_reset_reference(step, cfg.algo.ref_reset_every):
-        A.update_reference(c.ref_model, c.model, cfg.algo.ref_update_alpha, c.optimizer, cfg.algo.ref_reset_optimizer)
+    result = c.learner.learn(collected.batch, step)  # prepare + optimizer steps, on every learner rank
+    c.learner.publish(version=step)
     learner_s = time.perf_counter() - t0
-    trained = float(batch.response_mask.sum())
+    response_mask = collected.batch.rollouts.response_mask
+    trained = float(response_mask.sum())
     drawn = sum(float(s.rollouts.response_mask.sum()) for s in collected.drawn)
-    metrics.update(prep_metrics)
     metrics.update(result.metrics)
-    metrics.update(entropy_metrics(entropy if entropy is not None else result.entropy, batch.response_mask))
+    metrics.update(entropy_metrics(result.entropy, response_mask))
     metrics.update({"time/learner_s": learner_s,
                     "throughput/learner_tok_s": trained * cfg.algo.num_iterations / max(learner_s, 1e-9),
                     "throughput/rollout_tok_s": drawn / max(metrics["time/rollout_s"], 1e-9)})
@@ -67,29 +61,23 @@ def run_eval(cfg: Config, c: Components, step: int) -> dict:
 
 
 def trainer_state(c: Components, step: int, counters: dict) -> dict:
-    return {"step": step, "optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
-            "sampler": c.sampler.state(), "generator": c.generator.get_state(), "rng": ckpt.rng_state(),
-            "entropy_control": c.entropy_control.state_dict(), "counters": dict(counters)}
+    """The loop's part of a checkpoint (the learner adds its optimizer and scheduler)."""
+    return {"step": step, **c.collector.position(), "rng": ckpt.rng_state(), "counters": dict(counters)}
 
 
 def restore(c: Components, path: Path) -> tuple[int, dict]:
-    ckpt.load_weights(c.model, path)
-    state = ckpt.load_state(path)
-    c.optimizer.load_state_dict(state["optimizer"])
-    c.scheduler.load_state_dict(state["scheduler"])
-    c.sampler.load(state["sampler"])
-    c.generator.set_state(state["generator"])
+    state = c.learner.load(path)  # weights, optimizer, scheduler, reference: on every learner rank
+    c.collector.load(state)
     ckpt.set_rng_state(state["rng"])
-    if "entropy_control" in state:  # checkpoints written before the entropy bonus was wired lack it
-        c.entropy_control.load_state_dict(state["entropy_control"])
-    if c.ref_model is not None:
-        ckpt.load_reference(c.ref_model, path)
-    c.engine.sync_weights(c.model, version=state["step"])
+    c.learner.publish(version=state["step"])
     return state["step"], state["counters"]
 
 
 def train(cfg: Config, resume: bool = False) -> list[dict]:
     """Run (or resume) training; returns the metric records written by this call."""
+    if torchrun_follower(cfg):  # under torchrun every rank runs this; ranks > 0 only take part in updates
+        follow_torchrun(cfg)
+        return []
     run_dir = RunDir(cfg.run.out)
     if not resume:
         run_dir.clear(cfg.run.overwrite)
@@ -153,8 +141,8 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             history.append(records[-1])
             run_dir.write_samples(step, scored, cfg.run.log_samples)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
-                ckpt.save_checkpoint(run_dir.root, step, c.model, c.tokenizer, trainer_state(c, step, counters),
-                                     c.ref_model, keep=cfg.run.keep_checkpoints)
+                c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
+                               keep=cfg.run.keep_checkpoints)
             progress.update(step, metrics)
             if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):  # fault injection for the resume test
                 os.kill(os.getpid(), signal.SIGKILL)

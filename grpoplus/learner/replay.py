@@ -80,6 +80,12 @@ class RoutingTally:
         self.differ += per_layer.double().cpu() * counted
         self.counted += counted
 
+    def add_counts(self, other: "RoutingTally") -> None:
+        """Add ``other``'s counts (another data-parallel rank's micro-batches of the same step)."""
+        self.differ += other.differ
+        self.counted += other.counted
+        self.slots += other.slots
+
     def metrics(self) -> dict[str, float]:
         """``moe/routing_mismatch`` (and ``/layer<l>``) when a reference was counted; ``moe/load_max_frac``:
         the largest share of routed token-slots any one expert received, worst layer (balanced = 1 / E)."""

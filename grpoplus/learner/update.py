@@ -44,13 +44,16 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
 
 
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
-                   entropy_coef: float | None = None, generator: torch.Generator | None = None
+                   entropy_coef: float | None = None, generator: torch.Generator | None = None, group=None
                    ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
     ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
     the forward then also takes the entropy with its gradient when ``algo.entropy_bonus``).
     ``generator``: Clip-Cov's random token subset, seeded per optimizer step by the caller.
+    With a data-parallel ``group`` (grpoplus.distributed.group.RankGroup) every rank holds the whole
+    mini-batch and its global mask and norm, takes its share of whole micro-batches, and the
+    gradients are summed over the ranks before clipping: the step one process would make.
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
     fused = plan.logp_old_from_forward
     if fused != (batch.logp_old is None):
@@ -58,35 +61,62 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
                                    generator=generator)
-    parts, losses = [], dict.fromkeys(LOSS_KEYS, 0.0)
-    entropy = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if fused else None
     tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
-    for idx in micro_batches(batch, plan):
-        mb = batch.rows(idx)
-        logp, mb_entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
-                                    routing=training_routing(model, mb, plan, tally))
-        logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
-        if fused:
-            entropy[idx.to(entropy.device)] = mb_entropy.detach().to(entropy.dtype)
-        loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
-                                    logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm.rows(idx),
-                                    entropy=mb_entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
-        loss.backward()
-        for key in LOSS_KEYS:
-            losses[key] += metrics.pop(key, 0.0)
-        parts.append((metrics, max(metrics.get("loss/active_tokens", 0.0), 1e-9)))
+    micro = micro_batches(batch, plan)
+    parts = [_micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
+                         entropy_coef, tally) for idx in (micro if group is None else group.share(micro))]
     params = [p for p in model.parameters() if p.requires_grad]
+    if group is not None:
+        parts, tally = _gathered(group, parts, tally)
+        group.all_reduce_gradients(params)
+    losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
     grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, error_if_nonfinite=False).item()
     stepped = math.isfinite(losses["loss/total"]) and math.isfinite(grad_norm)
     if stepped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    out = reduce_metrics(parts)
+    out = reduce_metrics((metrics, weight) for metrics, weight, *_ in parts)
     out.update(losses)
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, entropy
+    return out, stepped, _entropy(parts, batch.response_mask) if fused else None
+
+
+def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tensor, norm, algo: AlgoConfig,
+                plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None) -> tuple:
+    """Forward and backward of the micro-batch of rows ``idx``. Returns (metrics, weight, its part of the
+    loss, idx, entropy [n, T] when pi_old comes from this forward, else None)."""
+    logp, entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
+                             routing=training_routing(model, mb, plan, tally))
+    logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
+    loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask, algo,
+                                logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
+                                entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
+    loss.backward()
+    losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
+    weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
+    return metrics, weight, losses, idx, entropy.detach() if fused else None
+
+
+def _gathered(group, parts: list, tally: RoutingTally | None) -> tuple[list, RoutingTally | None]:
+    """Every rank's micro-batch results, in the order one process makes them, and the ranks' routing
+    counts added up (each rank counted its own micro-batches)."""
+    parts = group.gather(parts)
+    if tally is not None:
+        tallies = group.gather([tally])
+        for other in tallies[1:]:
+            tallies[0].add_counts(other)
+        tally = tallies[0]
+    return parts, tally
+
+
+def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] entropy of the mini-batch, put together from its micro-batches' rows."""
+    entropy = torch.zeros(response_mask.shape, device=response_mask.device)
+    for *_, idx, part in parts:
+        entropy[idx.to(entropy.device)] = part.to(entropy.device, entropy.dtype)
+    return entropy
 
 
 def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
@@ -117,13 +147,14 @@ def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: Routing
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
-                  entropy_control: EntropyControl | None = None, first_step: int = 0) -> UpdateResult:
+                  entropy_control: EntropyControl | None = None, first_step: int = 0, group=None) -> UpdateResult:
     """All optimizer steps for one rollout batch; the entropy comes back when the training forward
     measured it (pi_old from the forward: one update, so each row is seen once).
 
     ``entropy_control`` gives each step's bonus coefficient and is updated after each step with
     the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
-    of this batch's first optimizer step (seeds Clip-Cov's selection)."""
+    of this batch's first optimizer step (seeds Clip-Cov's selection). ``group``: the data-parallel
+    learner ranks (every rank calls this with the same batch), or None."""
     batch = batch.to(next(model.parameters()).device)
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     model.train()
@@ -132,7 +163,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
             metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
                                                        entropy_coef=control.applied_coef,
-                                                       generator=clip_cov_generator(plan.seed, k))
+                                                       generator=clip_cov_generator(plan.seed, k), group=group)
             if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
                 metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped

@@ -1,0 +1,96 @@
+"""Learner ranks on this machine: started by the run itself, or by torchrun.
+
+``cluster=local learner.data_parallel=N``: the ``grpoplus train`` process is rank 0 (it also
+collects rollouts, evaluates and writes the run directory) and starts ranks 1..N-1 as
+spawned processes that only take part in updates. Under ``torchrun --nproc_per_node=N
+grpoplus train ... learner.data_parallel=N`` every rank runs the same command; rank 0 goes
+on as above and the others follow it (:func:`follow_torchrun`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+from grpoplus.config import Config, build_config
+from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
+from grpoplus.distributed.learner import follow
+
+
+def torchrun_follower(cfg: Config) -> bool:
+    """True in a rank > 0 that torchrun (or any env:// launcher) started; every rank checks that
+    torchrun started as many ranks as ``learner.data_parallel`` asks for."""
+    if "WORLD_SIZE" not in os.environ:
+        return False
+    if int(os.environ["WORLD_SIZE"]) != cfg.learner.data_parallel:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but learner.data_parallel="
+                         f"{cfg.learner.data_parallel}: give the same number to both (--nproc_per_node x --nnodes "
+                         "= learner.data_parallel)")
+    return int(os.environ.get("RANK", "0")) > 0
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """The device of one rank: ``cuda`` means one GPU per rank, by local rank; the CPU is shared."""
+    return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def start_ranks(cfg: Config) -> tuple[Rendezvous, "LocalRanks | None"]:
+    """Rank 0's rendezvous; ranks 1..N-1 are started here unless torchrun started them."""
+    world, lrn = cfg.learner.data_parallel, cfg.learner
+    if "WORLD_SIZE" in os.environ:  # torchrun started the ranks (torchrun_follower checked their number)
+        return Rendezvous("env://", 0, world, rank_device(lrn.device, int(os.environ.get("LOCAL_RANK", "0"))),
+                          lrn.collective_timeout_s), None
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of a process holding threads
+    procs = [ctx.Process(target=run_follower,
+                         args=(cfg.to_dict(), Rendezvous(init, r, world, rank_device(lrn.device, r),
+                                                         lrn.collective_timeout_s)),
+                         name=f"grpoplus-learner-rank{r}", daemon=True) for r in range(1, world)]
+    for proc in procs:
+        proc.start()
+    return Rendezvous(init, 0, world, rank_device(lrn.device, 0), lrn.collective_timeout_s), LocalRanks(procs)
+
+
+class LocalRanks:
+    """The follower processes this run started: their state for error messages, and their end."""
+
+    def __init__(self, procs: list):
+        self.procs = procs
+
+    def describe(self) -> str:
+        dead = [f"learner rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+                for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
+        return ", ".join(dead)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        for proc in self.procs:
+            proc.join(timeout=timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def follow_torchrun(cfg: Config) -> None:
+    """A torchrun rank > 0: build the learner parts and follow rank 0 until it stops."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    run_follower(cfg.to_dict(), Rendezvous("env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                                           rank_device(cfg.learner.device, local_rank),
+                                           cfg.learner.collective_timeout_s))
+
+
+def run_follower(config: dict, rendezvous: Rendezvous) -> None:
+    """Entry point of a follower rank: its parts, the group, rank 0's commands until stop."""
+    from grpoplus.build import build_learner_rank
+
+    try:
+        cfg = build_config(base=config)
+        parts, plan = build_learner_rank(cfg, rendezvous.device)
+        group = RankGroup.join(rendezvous)
+        try:
+            follow(parts, cfg.algo, plan, group)
+        finally:
+            group.close()
+    except RoleError as err:
+        print(f"grpoplus learner rank {rendezvous.rank}: error: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,117 @@
+"""The learner group on Ray: N actors, one learner rank each, joined in one torch.distributed group.
+
+Rank 0 runs the same :class:`~grpoplus.distributed.learner.Learner` as a local run (it prepares
+the batch, sends it to the other ranks, updates, writes checkpoints) and is placed on the
+driver's node, so the run directory it writes is the driver's; ranks 1..N-1 run
+:func:`~grpoplus.distributed.learner.follow`. After each update rank 0's weights go to the
+object store and from there to the rollout workers; on GPUs they stay in the same format
+(a state dict of CPU tensors), see NOTES for the NCCL path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from grpoplus.containers import ScoredGroups, UpdateResult
+from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
+from grpoplus.distributed.learner import Learner, follow
+from grpoplus.distributed.ray_cluster import role_resources, wait
+
+
+@ray.remote
+class LearnerRank:
+    """One learner rank: its parts, and (rank 0) the learner the driver calls."""
+
+    def __init__(self, config: dict, weights: dict, rank: int, world: int, rewards: tuple):
+        from grpoplus.build import build_learner_parts, build_learner_plan, build_policy, build_process
+        from grpoplus.config import build_config
+
+        self.cfg = build_config(base=config)
+        build_process(self.cfg)
+        self.device = "cuda" if self.cfg.learner.device.startswith("cuda") else self.cfg.learner.device
+        model, _ = build_policy(self.cfg, self.device)  # Ray gives the actor its GPU as cuda:0
+        model.load_state_dict(weights)
+        self.parts, self.plan = build_learner_parts(self.cfg, model), build_learner_plan(self.cfg, model, rewards)
+        self.rank, self.world, self.learner = rank, world, None
+
+    def address(self) -> str:
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def join(self, init_method: str) -> None:
+        group = None
+        if self.world > 1:
+            group = RankGroup.join(Rendezvous(init_method, self.rank, self.world, self.device,
+                                              self.cfg.learner.collective_timeout_s))
+        if self.rank == 0:
+            self.learner = Learner(self.parts, self.cfg.algo, self.plan, group)
+        else:
+            self.group = group
+
+    def follow(self) -> None:
+        try:
+            follow(self.parts, self.cfg.algo, self.plan, self.group)
+        finally:
+            self.group.close()
+
+    def learn(self, scored: ScoredGroups, step: int) -> UpdateResult:
+        return self.learner.learn(scored, step)
+
+    def weights(self) -> dict:
+        return {k: v.detach().cpu() for k, v in self.parts.model.state_dict().items()}
+
+    def save(self, run_dir: str, step: int, tokenizer, state: dict, keep: int) -> str:
+        return str(self.learner.save(Path(run_dir), step, tokenizer, state, keep))
+
+    def load(self, path: str) -> dict:
+        return self.learner.load(Path(path))
+
+    def close(self) -> None:
+        self.learner.close()
+
+
+class RayLearnerGroup:
+    """The learner role as the trainer sees it (``learn``, ``publish``, ``save``, ``load``, ``close``),
+    over N :class:`LearnerRank` actors."""
+
+    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple, *,
+                 gpu: bool, timeout_s: float):
+        self.targets, self.timeout_s = targets, timeout_s
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
+                                           scheduling_strategy=here if rank == 0 else "DEFAULT")
+                       .remote(config, weights, rank, ranks, rewards) for rank in range(ranks)]
+        addresses = [actor.address.remote() for actor in self.actors]
+        init = [self._wait(ref, rank, "starting (building its model and optimizer)")
+                for rank, ref in enumerate(addresses)][0]  # every rank placed and built; rank 0's address
+        joins = [actor.join.remote(init) for actor in self.actors]
+        self.following = [actor.follow.remote() for actor in self.actors[1:]]  # queued behind their join
+        for rank, ref in enumerate(joins):
+            self._wait(ref, rank, "joining the learner group")
+
+    def learn(self, scored: ScoredGroups, step: int) -> UpdateResult:
+        return self._wait(self.actors[0].learn.remote(scored, step), 0, f"the update of step {step}")
+
+    def publish(self, version: int) -> None:
+        weights = self.actors[0].weights.remote()  # an object-store reference: the driver never holds them
+        for target in self.targets:
+            target.sync_weights(weights, version)
+
+    def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
+        return Path(self._wait(self.actors[0].save.remote(str(run_dir), step, tokenizer, state, keep), 0,
+                               f"writing the checkpoint of step {step}"))
+
+    def load(self, path: Path) -> dict:
+        return self._wait(self.actors[0].load.remote(str(path)), 0, f"loading {path}")
+
+    def close(self) -> None:
+        """Stop the ranks (teardown: a rank that already failed has raised its error; none is raised here)."""
+        ray.wait([self.actors[0].close.remote(), *self.following], num_returns=len(self.actors),
+                 timeout=self.timeout_s)
+        for actor in self.actors:
+            ray.kill(actor)
+
+    def _wait(self, ref, rank: int, what: str):
+        return wait(ref, self.timeout_s, f"learner rank {rank} of {len(self.actors)}", what)

@@ -1,0 +1,145 @@
+"""Rollout workers on Ray: K actors, each with its own engine (hf or vllm), behind one engine.
+
+:class:`RayRolloutEngine` keeps the rollout-engine contract (``generate``, ``sync_weights``,
+``offload``, ``close``), so collection and evaluation do not know the workers exist. A
+request's prompts are split into K contiguous parts, sampled in parallel and stacked again.
+
+Random streams: worker 0 continues the caller's generator (its state goes with the request
+and comes back advanced), the other workers draw from streams seeded from it. One worker
+therefore samples exactly what the in-process engine samples, and a request sent again
+samples the same responses.
+
+A worker that dies is restarted by Ray (``ray.max_restarts``); the request it was serving is
+sent again to the restarted worker after the newest weights, with the same random state, so
+the step's data is what it would have been: no step is lost or sampled twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import ray
+import ray.exceptions
+import torch
+
+from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.distributed.group import first_line
+from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
+
+
+@ray.remote
+class RolloutWorker:
+    """One rollout engine on its own copy of the policy."""
+
+    def __init__(self, config: dict):
+        from grpoplus.build import build_engine, build_policy, build_process
+        from grpoplus.config import build_config
+        from grpoplus.learner.replay import check_replay
+
+        cfg = build_config(base=config)
+        build_process(cfg)
+        self.model, tokenizer = build_policy(cfg)  # the learner's weights come with sync()
+        moe = check_replay(cfg.algo.routing_replay, self.model) is not None  # the sampler's routing, as in one process
+        self.engine = build_engine(cfg, self.model, tokenizer, record_routing=moe)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int],
+                 state: torch.Tensor) -> tuple[Rollouts, torch.Tensor]:
+        generator = torch.Generator()
+        generator.set_state(state)
+        rollouts = self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator)
+        return rollouts, generator.get_state()
+
+    def sync(self, weights: dict, version: int) -> None:
+        self.model.load_state_dict(weights)
+        self.engine.sync_weights(self.model, version)
+
+
+class RayRolloutEngine:
+    """K rollout workers as one rollout engine.
+
+    ``sync_weights`` takes the learner's module, or an object-store reference to its state dict
+    (how learner rank 0 hands them over on Ray); workers take them before their next request.
+    """
+
+    def __init__(self, config: dict, weights: "ray.ObjectRef", workers: int, engine: str, pad_id: int, *, seed: int,
+                 gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float):
+        self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
+        self.timeout_s, self.start_timeout_s, self.max_restarts = timeout_s, start_timeout_s, max_restarts
+        self.actors = [RolloutWorker.options(max_restarts=max_restarts, max_task_retries=0, **role_resources(gpu))
+                       .remote(config) for _ in range(workers)]
+        self.restarts = 0
+        self.sync_weights(weights, 0)  # self._weights: the newest, sent again to a restarted worker
+        for i, actor in enumerate(self.actors):
+            wait(actor.ready.remote(), start_timeout_s, f"rollout worker {i}", "starting (building its engine)")
+
+    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
+                 generator: torch.Generator | None = None) -> Rollouts:
+        index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
+        stream = generator if generator is not None else torch.Generator().manual_seed(self.seed)
+        parts = [p.tolist() for p in torch.tensor_split(torch.arange(len(prompts)), len(self.actors)) if len(p)]
+        states = _states(stream.get_state(), len(parts))
+        requests = [([prompts[j] for j in part], params, [index[j] for j in part], state)
+                    for part, state in zip(parts, states)]
+        pending = [self.actors[i].generate.remote(*request) for i, request in enumerate(requests)]
+        results = [self._result(i, ref, request) for i, (ref, request) in enumerate(zip(pending, requests))]
+        if generator is not None:
+            generator.set_state(results[0][1])  # worker 0 continued the caller's stream
+        return Rollouts.concat([rollouts for rollouts, _ in results], self.pad_id)
+
+    def sync_weights(self, weights, version: int) -> None:
+        if not isinstance(weights, ray.ObjectRef):
+            weights = ray.put({k: v.detach().cpu() for k, v in weights.state_dict().items()})
+        self._weights = (weights, version)
+        for actor in self.actors:
+            actor.sync.remote(weights, version)  # runs before the worker's next request (actor call order)
+
+    def offload(self) -> None:
+        """Nothing to free: the workers hold their own devices, apart from the learner's."""
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+    def _result(self, i: int, ref, request: tuple) -> tuple[Rollouts, torch.Tensor]:
+        """Worker ``i``'s answer; if it died, wait for its restart, send the newest weights and the same request."""
+        role, attempt = f"rollout worker {i}", 0
+        while True:
+            try:
+                return wait(ref, self.timeout_s, role, f"sampling {len(request[0])} prompts")
+            except RoleDied as err:
+                if attempt == self.max_restarts:
+                    raise
+                attempt += 1
+                print(f"grpoplus: {role} died ({first_line(err.__cause__)}); waiting for its restart, then sending "
+                      "its request again", file=sys.stderr)
+                self._await_restart(i, f"restarting (restart {attempt} of ray.max_restarts={self.max_restarts})")
+                self.restarts += 1
+                self.actors[i].sync.remote(*self._weights)
+                ref = self.actors[i].generate.remote(*request)
+
+
+    def _await_restart(self, i: int, what: str) -> None:
+        """Wait until Ray has restarted worker ``i`` (calls fail as 'unavailable' meanwhile)."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                wait(self.actors[i].ready.remote(), max(1.0, deadline - time.monotonic()), f"rollout worker {i}", what)
+                return
+            except RoleDied as err:
+                if not isinstance(err.__cause__, ray.exceptions.ActorUnavailableError) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def _states(state: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Generator states of the parts: the caller's for part 0, streams seeded from a copy of it for the others."""
+    copy = torch.Generator()
+    copy.set_state(state)
+    seeds = torch.randint(0, 2**62, (parts - 1,), generator=copy).tolist()
+    return [state] + [torch.Generator().manual_seed(s).get_state() for s in seeds]
