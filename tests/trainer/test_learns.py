@@ -1,7 +1,9 @@
 """The property the whole system exists for: RL on the default setup raises held-out accuracy.
 
-Builds the default warm start (into a temporary cache, about a minute on 2 cores) and runs
-60 steps of the default DAPO run; the README's full runs gain 23.5 to 30.5 points in 300 steps (3 seeds).
+Builds the default warm start (into a temporary cache, about 90 s on 2 cores) and runs
+125 steps of the default DAPO run. The README's runs of seeds 0, 1, 2 gained 20.5, 13 and 16
+points by step 125 (23.5 to 30.5 by step 300); at steps 50 and 75 the gain ranged from 7 to 17 points,
+too close to the noise of 200 held-out problems for a test that must hold on every seed.
 """
 
 from grpoplus.config import build_config
@@ -10,12 +12,12 @@ from grpoplus.trainer import train
 
 def test_default_run_raises_held_out_accuracy(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path / "cache"))
-    cfg = build_config("dapo", overrides=[f"out={tmp_path / 'run'}", "max_steps=60", "eval_every=60",
+    cfg = build_config("dapo", overrides=[f"out={tmp_path / 'run'}", "max_steps=125", "eval_every=125",
                                           "eval_samples=0", "save_every=0", "progress=false", "loggers=[]",
                                           "doctor_every=0"])
     records = train(cfg)
     before = records[0]["eval/accuracy"]
     after = records[-1]["eval/accuracy"]
     assert 0.1 <= before <= 0.5  # the warm start solves some held-out problems, not most
-    assert after >= before + 0.10, (before, after)
+    assert after - before >= 0.10 - 1e-6, (before, after)  # accuracies are float32 multiples of 1/200
     # Only accuracy: response length rises on some seeds and falls on others (the README's 3 seeds).
