@@ -48,16 +48,24 @@ def build(cfg: Config) -> Components:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
+    lora = cfg.learner.lora_rank > 0
+    if lora:
+        model = build_lora(cfg, model)
+    # With LoRA the reference is the same model with its adapters off (no second copy).
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 and not lora else None
     scorer = Scorer(build_rewards(cfg, task), train)
     engine = build_engine(cfg, model, tokenizer)
     optimizer, scheduler = build_optimizer(cfg, model)
     params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
     collect_plan = CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
+    # LoRA dropout makes the training forward stochastic: pi_old then needs its own pass.
+    source = "recompute" if lora and cfg.learner.lora_dropout > 0 and cfg.learner.logp_old == "auto" \
+        else cfg.learner.logp_old
     learner_plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                               logp_old_mode(cfg.algo, cfg.learner.logp_old, ref_model is not None),
-                               micro_batch_tokens=cfg.learner.micro_batch_tokens)
+                               logp_old_mode(cfg.algo, source, cfg.algo.beta > 0),
+                               micro_batch_tokens=cfg.learner.micro_batch_tokens,
+                               reference_adapters_off=lora and cfg.algo.beta > 0)
     return Components(task, train, test[: cfg.data.eval_size], model, tokenizer, ref_model, engine, scorer, optimizer,
                       scheduler, PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed),
                       collect_plan, learner_plan)
@@ -65,20 +73,34 @@ def build(cfg: Config) -> Components:
 
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
-    from grpoplus.models.load import load_policy
+    from grpoplus.models.load import is_builtin, load_policy
     from grpoplus.tasks import get_task
     from grpoplus.tasks.dataset import dataset_task
+    from grpoplus.tasks.synthetic import with_chat_template
 
-    d = cfg.data
-    builtin = d.data is None
-    model, tokenizer = load_policy(cfg.learner.model, task=d.task if builtin else None,
-                                   difficulty=d.difficulty, device=cfg.learner.device, seed=cfg.run.seed)
-    if builtin:
-        kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
-        task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-    else:
+    d, name = cfg.data, cfg.learner.model
+    task = None
+    if d.data is None:
+        task = get_task(d.task, seed=cfg.run.seed, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
+    chat = task is not None and getattr(task, "chat", False) and d.chat_template
+    if chat and is_builtin(name):  # refused before the tiny model's warm start, which takes minutes
+        raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
+                         "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
+    model, tokenizer = load_policy(name, task=d.task if task is not None else None, difficulty=d.difficulty,
+                                   device=cfg.learner.device, seed=cfg.run.seed, lora=cfg.learner.lora_rank > 0)
+    if task is None:
         task = dataset_task(d, tokenizer if d.chat_template else None, seed=cfg.run.seed)
+    elif chat:
+        task = with_chat_template(task, tokenizer, name)
     return task, list(task.split("train")), list(task.split("test")), model, tokenizer
+
+
+def build_lora(cfg: Config, model):
+    """The policy with LoRA adapters (``learner.lora_*``); only the adapters train."""
+    from grpoplus.models.lora import add_lora
+
+    lr = cfg.learner
+    return add_lora(model, lr.lora_rank, lr.lora_alpha, lr.lora_dropout, lr.lora_target_modules)
 
 
 def build_rewards(cfg: Config, task):

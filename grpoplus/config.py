@@ -136,6 +136,16 @@ class LearnerConfig:
     and nothing that needs pi_old before the update (corrections, KL in reward, entropy mask),
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank (peft) instead of every weight; the KL reference is the
+    same model with its adapters off, checkpoints hold the adapters. 0 = full fine-tuning."""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: the update is (lora_alpha / lora_rank) B A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 keeps the training forward equal to pi_old)."""
+    lora_target_modules: list = field(default_factory=lambda: ["all-linear"])
+    """Linear layers that get adapters, by module name (q_proj, v_proj, ...) or all-linear (every
+    linear layer but the LM head)."""
 
 
 SECTIONS: dict[str, type] = {
@@ -326,6 +336,7 @@ def _check(cfg: Config) -> None:
     if cfg.learner.micro_batch_tokens < 0:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
+    _check_lora(cfg)
     from grpoplus.metrics import require_loggers
     from grpoplus.rollout import require_engine
 
@@ -346,6 +357,24 @@ def _check(cfg: Config) -> None:
     if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
         raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
+
+
+def _check_lora(cfg: Config) -> None:
+    lr = cfg.learner
+    if lr.lora_rank < 0:
+        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
+    if lr.lora_rank == 0:
+        return
+    from grpoplus.models.lora import require_peft
+
+    require_peft()
+    if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
+        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
+                         f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
+                         f"{lr.lora_target_modules}")
+    if cfg.algo.ref_reset_every:
+        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
+                         "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
 
 
 def describe_keys() -> str:

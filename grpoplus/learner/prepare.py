@@ -16,6 +16,7 @@ import torch
 from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.models.lora import adapters_off
 
 LOGP_OLD_MODES = ("forward", "recompute", "rollout")
 
@@ -29,6 +30,7 @@ class LearnerPlan:
     max_grad_norm: float
     logp_old: str  # one of LOGP_OLD_MODES
     micro_batch_tokens: int = 0  # > 0: micro-batches by (rows x padded width) token budget instead of row count
+    reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
 
     @property
     def logp_old_from_forward(self) -> bool:
@@ -74,6 +76,9 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         logp_old = r.logp_roll.clone()
     if ref_model is not None:
         logp_ref, _ = learner_logprobs(ref_model, r, plan, with_entropy=False)
+    elif plan.reference_adapters_off:
+        with adapters_off(model):
+            logp_ref, _ = learner_logprobs(model, r, plan, with_entropy=False)
     rewards, metrics = scored.rewards, {}
     if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old is recomputed (logp_old_mode)
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
