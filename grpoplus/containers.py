@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from grpoplus.models.routing import pad_routing
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -42,7 +44,7 @@ class Rollouts:
     texts: list[str]  # [N] decoded responses (special tokens stripped)
     prompt_index: list[int]  # [B] caller-given ids of the prompts (e.g. data positions)
     policy_version: int = 0  # learner version whose weights sampled these rows (optimizer steps so far)
-    routing: torch.Tensor | None = None  # [N, P + T, L, k] long: the sampler's MoE expert choices, or None
+    routing: torch.Tensor | None = None  # [N, P + T, L, k] int16: the sampler's MoE experts (-1 = padding), or None
 
     @property
     def lengths(self) -> torch.Tensor:  # [N] long
@@ -87,21 +89,14 @@ class Rollouts:
 def _pad(x: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
     """Pad dim 1 of ``x`` to ``width`` on the left or the right."""
     extra = width - x.shape[1]
-    pad = (extra, 0) if left else (0, extra)
-    if x.dim() > 2:  # routing [N, S, L, k]: pad the sequence dim, which F.pad addresses from the end
-        pad = (0, 0, 0, 0) + pad
-    return torch.nn.functional.pad(x, pad, value=value)
+    return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
 
 
 def _concat_routing(parts: list[Rollouts], width_p: int, width_t: int) -> torch.Tensor | None:
+    """The parts' routings re-padded like their prompts and responses (NATURAL on the new padding)."""
     if any(p.routing is None for p in parts):
         return None
-    out = []
-    for p in parts:
-        cut = p.prompt_ids.shape[1]  # routing columns are [prompt | response]
-        out.append(torch.cat([_pad(p.routing[:, :cut], width_p, 0, left=True),
-                              _pad(p.routing[:, cut:], width_t, 0)], 1))
-    return torch.cat(out)
+    return torch.cat([pad_routing(p.routing, p.prompt_ids.shape[1], width_p, width_t) for p in parts])
 
 
 @dataclass
@@ -155,7 +150,7 @@ class TrainBatch:
     logp_old: torch.Tensor | None  # [N, T]; None exactly when the plan takes pi_old from the training forward
     logp_ref: torch.Tensor | None  # [N, T]
     group_ids: torch.Tensor  # [N]
-    routing: torch.Tensor | None = None  # [N, P + T, L, k] MoE expert choices replayed by every forward
+    routing: torch.Tensor | None = None  # [N, P + T, L, k] MoE experts: replayed (R2, R3) or measured against (off)
 
     def rows(self, idx: torch.Tensor) -> "TrainBatch":
         return self._map(lambda x: x[idx.to(x.device)])

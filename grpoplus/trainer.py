@@ -43,10 +43,11 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     batch, entropy, prep_metrics = prepare(collected.batch, c.model, c.ref_model, cfg.algo, c.learner_plan)
-    result = update_policy(c.model, c.optimizer, c.scheduler, batch, cfg.algo, c.learner_plan)
+    result = update_policy(c.model, c.optimizer, c.scheduler, batch, cfg.algo, c.learner_plan, c.entropy_control,
+                           first_step=(step - 1) * cfg.algo.updates_per_batch)
     c.engine.sync_weights(c.model, version=step)
     if c.ref_model is not None and A.should_reset_reference(step, cfg.algo.ref_reset_every):
-        A.reset_reference(c.ref_model, c.model, c.optimizer, cfg.algo.ref_reset_optimizer)
+        A.update_reference(c.ref_model, c.model, cfg.algo.ref_update_alpha, c.optimizer, cfg.algo.ref_reset_optimizer)
     learner_s = time.perf_counter() - t0
     trained = float(batch.response_mask.sum())
     drawn = sum(float(s.rollouts.response_mask.sum()) for s in collected.drawn)
@@ -68,7 +69,7 @@ def run_eval(cfg: Config, c: Components, step: int) -> dict:
 def trainer_state(c: Components, step: int, counters: dict) -> dict:
     return {"step": step, "optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
             "sampler": c.sampler.state(), "generator": c.generator.get_state(), "rng": ckpt.rng_state(),
-            "counters": dict(counters)}
+            "entropy_control": c.entropy_control.state_dict(), "counters": dict(counters)}
 
 
 def restore(c: Components, path: Path) -> tuple[int, dict]:
@@ -79,6 +80,8 @@ def restore(c: Components, path: Path) -> tuple[int, dict]:
     c.sampler.load(state["sampler"])
     c.generator.set_state(state["generator"])
     ckpt.set_rng_state(state["rng"])
+    if "entropy_control" in state:  # checkpoints written before the entropy bonus was wired lack it
+        c.entropy_control.load_state_dict(state["entropy_control"])
     if c.ref_model is not None:
         ckpt.load_reference(c.ref_model, path)
     c.engine.sync_weights(c.model, version=state["step"])
@@ -95,9 +98,19 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
+        print_inert_notice(cfg)
         return _loop(cfg, c, run_dir, start, counters, resumed=start > 0)
     finally:
         c.close()
+
+
+def print_inert_notice(cfg: Config) -> None:
+    """One stderr line naming the configured switches that cannot act in this run (AlgoConfig.inert_switches)."""
+    inert = cfg.algo.inert_switches(pi_old_is_sampler=cfg.learner.logp_old == "rollout")
+    if inert:
+        print(f"note: {', '.join(inert)} cannot act: with one optimizer step per rollout batch the policy at the "
+              "update is pi_old, so the ratio is exactly 1; set algo.num_minibatches > 1 (or num_iterations > 1, "
+              "or learner.logp_old=rollout) to make them act", file=sys.stderr)
 
 
 def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:

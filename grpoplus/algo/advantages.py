@@ -36,7 +36,15 @@ def batch_whitened(fn: AdvantageFn) -> AdvantageFn:
     return fn
 
 
+def group_relative(fn: AdvantageFn) -> AdvantageFn:
+    """Mark an estimator whose baseline is taken within the group: a group of one response gets
+    advantage 0, so ``rollout.group_size=1`` is rejected when the config is validated."""
+    fn.group_relative = True
+    return fn
+
+
 @ADVANTAGES.register("grpo")
+@group_relative
 def grpo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
     """``A_i = (R_i - mean_g R) / (std_g R + eps)``, Bessel std.
 
@@ -47,6 +55,7 @@ def grpo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: 
 
 
 @ADVANTAGES.register("dr_grpo")
+@group_relative
 def dr_grpo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
     """``A_i = R_i - mean_g R`` (no std division).
 
@@ -56,6 +65,7 @@ def dr_grpo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, ep
 
 
 @ADVANTAGES.register("rloo")
+@group_relative
 def rloo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
     """``A_i = R_i - (1/(G-1)) sum_{j != i} R_j``; 0 for a group of size 1.
 
@@ -68,6 +78,7 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: 
 
 
 @ADVANTAGES.register("batch_std")
+@group_relative
 def batch_std_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
     """``A_i = (R_i - mean_g R) / (std_batch R + eps)``: group mean, batch std.
 
@@ -78,6 +89,7 @@ def batch_std_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, 
 
 
 @ADVANTAGES.register("reinforce_pp")
+@group_relative
 @batch_whitened
 def reinforce_pp_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, eps: float) -> Tensor:
     """``A = R - mean_g R``, then (in ``compute_advantages``) whitened over the batch.

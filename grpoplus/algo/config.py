@@ -26,6 +26,7 @@ _CHOICES = {
     "gfpo_metric": ("length", "reward_per_token"),
     "adv_whiten": ("response", "token"),
     "reward_aggregation": ("sum", "gdpo"),
+    "routing_replay": ("off", "r2", "r3"),
 }
 _REGISTRIES = {"adv_estimator": ADVANTAGES, "loss": LOSSES, "aggregation": AGGREGATIONS, "kl_estimator": KL_ESTIMATORS}
 _OPTIONAL = {"dual_clip_c", "correction_low", "correction_high", "correction_cap_low", "overlong_cache", "rs_sum_threshold"}
@@ -180,12 +181,23 @@ class AlgoConfig:
     """Optimizer steps per pass (groups stay whole); >= 1, at most rollout.prompts_per_step. With one
     iteration and one mini-batch r = 1 exactly and every ratio-dependent rule is inert (inert_switches)."""
 
+    # -- section 8: mixture-of-experts routing replay ----------------------------------------------
+    routing_replay: str = "off"
+    """MoE routing replay (section 8): off | r2 (record the learner's top-k experts while computing
+    logp_old and replay them in every training forward of the batch; forces learner.logp_old=recompute;
+    the Routing Replay of GSPO, arXiv:2507.18071) | r3 (replay the rollout engine's top-k experts in
+    every learner forward; Ma et al. 2025, arXiv:2510.11370; rollout.engine=hf). The gate weights stay
+    the learner router's softmax over the replayed experts, so the router keeps learning. Needs an MoE
+    policy (--model tiny-moe)."""
+
     def __post_init__(self):
         if isinstance(self.corrections, str):
             names = tuple(c.strip() for c in self.corrections.split(",") if c.strip())
             object.__setattr__(self, "corrections", names)
         elif isinstance(self.corrections, list):
             object.__setattr__(self, "corrections", tuple(self.corrections))
+        if self.routing_replay is False:  # YAML 1.1 reads a bare `off` (CLI override, config file) as false
+            object.__setattr__(self, "routing_replay", "off")
         self._check_types()
         self._check_names()
         self._check_values()

@@ -16,6 +16,9 @@ model's own logits, then :class:`TokenLogProb` over row chunks.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from functools import partial
+
 import torch
 
 from grpoplus.models.lora import compute_module
@@ -174,7 +177,8 @@ def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, t
     return logp * mask, token_entropy(logits.detach(), temperature) * mask if with_entropy else None
 
 
-def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy):
+def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+                  routing=None):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
@@ -191,7 +195,9 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     head = chunked_head(model)
     args = (input_ids, attention_mask, position_ids, response_ids[:, :t1], response_mask[:, :t1], temperature,
             with_entropy)
-    logp, entropy = _head_path(model, head, *args) if head is not None else _logits_path(model, *args)
+    # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
+    with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
+        logp, entropy = _head_path(model, head, *args) if head is not None else _logits_path(model, *args)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
@@ -199,7 +205,7 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
 
 def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, micro_batch_size: int | None = None
+                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
@@ -214,6 +220,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
             zero where ``response_mask`` is 0).
         micro_batch_size: forward at most this many rows at a time (bounds activation
             memory for no-grad scoring; under grad all activations are kept anyway).
+        routing: MoE routing of the forwards (a ``grpoplus.learner.replay.LearnerRouting``, called
+            with each forward's row slice and input-column slice); None: the router's own choice.
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).
@@ -229,7 +237,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     model = compute_module(model)  # a LoRA policy: the base model whose layers carry the adapters
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
-                           response_mask[i:i + step], temperature, with_entropy)
+                           response_mask[i:i + step], temperature, with_entropy,
+                           None if routing is None else partial(routing, slice(i, i + step)))
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

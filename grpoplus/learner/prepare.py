@@ -4,7 +4,9 @@ In the order of ALGORITHMS.md: the learner's forwards that must precede the upda
 (``logp_old`` and entropy when something needs them first, ``logp_ref`` when ``beta > 0``),
 KL in the reward, advantages (over GFPO's kept responses), then the loss-mask filters
 (overlong filtering, the high-entropy mask). Where ``pi_old`` comes from is decided once,
-by :func:`logp_old_mode`, and carried in the :class:`LearnerPlan`.
+by :func:`logp_old_mode`, and carried in the :class:`LearnerPlan`. For an MoE policy the
+batch carries the routing its training forwards replay or are measured against
+(:mod:`grpoplus.learner.replay`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
 from grpoplus.models.lora import adapters_off
+from grpoplus.models.routing import RoutingSpec
 
 LOGP_OLD_MODES = ("forward", "recompute", "rollout")
 
@@ -30,7 +34,20 @@ class LearnerPlan:
     max_grad_norm: float
     logp_old: str  # one of LOGP_OLD_MODES
     micro_batch_tokens: int = 0  # > 0: micro-batches by (rows x padded width) token budget instead of row count
+    routing_replay: str = "off"  # algo.routing_replay: off | r2 | r3
+    routing_spec: RoutingSpec | None = None  # the policy's MoE routing shape; None for a dense policy
+    seed: int = 0  # the run seed: with the optimizer step's index it seeds Clip-Cov's token subset
+    reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
     reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
+
+    def __post_init__(self):
+        if self.routing_replay not in REPLAY_MODES:
+            raise ValueError(f"routing_replay={self.routing_replay!r} is not one of {', '.join(REPLAY_MODES)}")
+        if self.routing_replay != "off" and self.routing_spec is None:
+            raise ValueError(f"routing_replay={self.routing_replay} needs an MoE policy (routing_spec), got None")
+        if self.routing_replay == "r2" and self.logp_old != "recompute":
+            raise ValueError(f"routing_replay=r2 records the routing in the logp_old recompute pass; "
+                             f"logp_old={self.logp_old!r} has none (logp_old_mode forces recompute)")
 
     @property
     def logp_old_from_forward(self) -> bool:
@@ -44,8 +61,15 @@ def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
     separate no-grad learner pass) or ``auto``: the training forward's own detached log-probs
     (``forward``) when they are exactly pi_old - one update per batch, so the weights are still
     pi_old - and nothing needs them before the update (a correction, the entropy mask, a loss's
-    token selection, KL in the reward); otherwise ``recompute``.
+    token selection, KL in the reward); otherwise ``recompute``. Routing replay R2 records the
+    learner's routing in the ``recompute`` pass, so it forces that pass.
     """
+    if algo.routing_replay == "r2":
+        if source == "rollout":
+            raise ValueError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
+                             "learner.logp_old=rollout takes pi_old from the sampler: set learner.logp_old=auto, or "
+                             "replay the sampler's routing with algo.routing_replay=r3")
+        return "recompute"
     if source in ("rollout", "recompute"):
         return source
     needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or A.needs_token_selection(algo) or (
@@ -54,24 +78,44 @@ def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
 
 
 @torch.no_grad()
-def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy: bool):
-    """No-grad log-probs [N, T] (and entropy) of the rollouts under ``model``, returned on the CPU."""
+def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy: bool,
+                     routing: LearnerRouting | None = None):
+    """No-grad log-probs [N, T] (and entropy) of the rollouts under ``model``, returned on the CPU;
+    ``routing`` replays or records the MoE routing of its forwards."""
     device = next(model.parameters()).device
     logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
                                       rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                       temperature=plan.temperature, with_entropy=with_entropy,
-                                      micro_batch_size=plan.micro_batch_size)
+                                      micro_batch_size=plan.micro_batch_size, routing=routing)
     return logp.cpu(), None if entropy is None else entropy.cpu()
+
+
+def old_pass_routing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerRouting | None:
+    """The routing of the no-grad pass that computes logp_old: R3 replays the sampler's, R2 records
+    the learner's own (to replay in the training forwards), off routes naturally (None)."""
+    if plan.routing_replay == "off":
+        return None
+    device = next(model.parameters()).device
+    routing = None if rollouts.routing is None else rollouts.routing.to(device)
+    return LearnerRouting(model, routing, input_mask(rollouts.prompt_mask, rollouts.response_mask).to(device),
+                          replay=plan.routing_replay == "r3", record=plan.routing_replay == "r2")
 
 
 def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: LearnerPlan
             ) -> tuple[TrainBatch, torch.Tensor | None, dict[str, float]]:
     """Returns (batch, entropy [N, T] when measured here - None when the update measures it, metrics)."""
     r = scored.rollouts
+    if plan.routing_replay == "r3" and r.routing is None:
+        raise ValueError("algo.routing_replay=r3 replays the rollout engine's expert routing, but the engine returned "
+                         "none: use rollout.engine=hf, or algo.routing_replay=r2")
     mask = r.response_mask.float()
     logp_old = entropy = logp_ref = None
+    routing = r.routing  # R3 replays it; off measures the learner's routing against it; R2 replaces it below
     if plan.logp_old == "recompute" or algo.entropy_mask_rho < 1.0:  # the entropy mask needs entropy first
-        logp_old, entropy = learner_logprobs(model, r, plan, with_entropy=True)
+        old_routing = old_pass_routing(model, r, plan)
+        logp_old, entropy = learner_logprobs(model, r, plan, with_entropy=True, routing=old_routing)
+        if plan.routing_replay == "r2":  # logp_old_mode: R2 always has this pass
+            routing = old_routing.natural
     if plan.logp_old == "rollout":
         logp_old = r.logp_roll.clone()
     if ref_model is not None:
@@ -84,7 +128,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
         metrics["reward/kl_penalty_mean"] = float((scored.rewards - rewards).mean())
     keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric) if algo.gfpo_keep else None
-    advantages = A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps, keep=keep)
+    advantages = _advantages(scored, rewards, keep, algo, plan)
     loss_mask = mask if keep is None else mask * keep.unsqueeze(1).float()
     if algo.overlong_filter:
         loss_mask = A.overlong_filter_mask(loss_mask, r.finished)
@@ -93,5 +137,24 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         loss_mask = A.high_entropy_mask(entropy, loss_mask, algo.entropy_mask_rho)
     metrics["filter/active_token_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
     batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
-                       r.logp_roll, logp_old, logp_ref, r.group_ids, routing=r.routing)
+                       r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing)
     return batch, entropy, metrics
+
+
+def _advantages(scored: ScoredGroups, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig,
+                plan: LearnerPlan) -> torch.Tensor:
+    """[N], or [N, T] with token whitening (``adv_whiten=token``). ``reward_aggregation=gdpo``:
+    every reward component of the pipeline is a column (None -> 0), weighted as in the pipeline."""
+    r = scored.rollouts
+    token_mask = r.response_mask if algo.adv_whiten == "token" else None
+    if algo.reward_aggregation != "gdpo":
+        return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps,
+                                    keep=keep, token_mask=token_mask)
+    if not plan.reward_weights:
+        raise ValueError("reward_aggregation='gdpo' needs the reward components' weights (LearnerPlan.reward_weights)")
+    names = [name for name, _ in plan.reward_weights]
+    components = torch.tensor([[0.0 if v is None else float(v) for v in scored.components[name]] for name in names],
+                              dtype=torch.float64).T  # [N, K]
+    return A.compute_advantages_multi(components, r.group_ids, [w for _, w in plan.reward_weights],
+                                      estimator=algo.adv_estimator, eps=algo.adv_eps, keep=keep,
+                                      token_mask=token_mask).float()

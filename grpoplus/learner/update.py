@@ -4,7 +4,9 @@ One rollout batch gives ``algo.updates_per_batch`` optimizer steps (ALGORITHMS.m
 section 7). Each optimizer step accumulates gradients over micro-batches; the loss
 denominators are those of the whole mini-batch (section 3), so the accumulated gradient
 equals the un-split one. A step whose loss or gradient is not finite is skipped and
-counted: the weights and the optimizer state are left untouched.
+counted: the weights and the optimizer state are left untouched. For an MoE policy every
+training forward replays the batch's routing (R2, R3) or routes naturally and is measured
+against the sampler's (off): ``moe/*`` metrics, :mod:`grpoplus.learner.replay`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import math
 
 import torch
 
-from grpoplus.algo import AlgoConfig, policy_loss, prepare_loss
+from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
+from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.metrics.step import finite, reduce_metrics
 
 LOSS_KEYS = ("loss/policy", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
@@ -39,28 +43,35 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
     return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
-def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
+def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
+                   entropy_coef: float | None = None, generator: torch.Generator | None = None
                    ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
+    ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
+    the forward then also takes the entropy with its gradient when ``algo.entropy_bonus``).
+    ``generator``: Clip-Cov's random token subset, seeded per optimizer step by the caller.
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
     fused = plan.logp_old_from_forward
     if fused != (batch.logp_old is None):
         raise ValueError(f"learner plan takes logp_old from {plan.logp_old!r} but the batch "
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
-    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo)
+    loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
+                                   generator=generator)
     parts, losses = [], dict.fromkeys(LOSS_KEYS, 0.0)
     entropy = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if fused else None
+    tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
     for idx in micro_batches(batch, plan):
         mb = batch.rows(idx)
-        logp, mb_entropy = response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                             mb.response_mask, temperature=plan.temperature, with_entropy=fused)
+        logp, mb_entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
+                                    routing=training_routing(model, mb, plan, tally))
         logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
         if fused:
-            entropy[idx.to(entropy.device)] = mb_entropy.to(entropy.dtype)
+            entropy[idx.to(entropy.device)] = mb_entropy.detach().to(entropy.dtype)
         loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask[idx], algo,
-                                    logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm)
+                                    logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm.rows(idx),
+                                    entropy=mb_entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
         loss.backward()
         for key in LOSS_KEYS:
             losses[key] += metrics.pop(key, 0.0)
@@ -73,25 +84,67 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics(parts)
     out.update(losses)
+    out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, entropy
 
 
-def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan
-                  ) -> UpdateResult:
+def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
+    """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
+    metrics only (``with_entropy``), else None."""
+    if entropy_grad:
+        return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                             mb.response_mask, temperature=plan.temperature, routing=routing)
+    return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                             temperature=plan.temperature, with_entropy=with_entropy, routing=routing)
+
+
+def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
+    """The generator of one optimizer step's random token selection (Clip-Cov): seeded by the run
+    seed and the step's index, so a resumed run draws what the uninterrupted one drew."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + optimizer_step)
+
+
+def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: RoutingTally | None
+                     ) -> LearnerRouting | None:
+    """MoE routing of a training forward (ALGORITHMS.md section 8): R2 and R3 replay the batch's routing
+    (the learner's recorded one, the sampler's); off routes naturally and is measured against the
+    sampler's. None for a dense policy."""
+    if plan.routing_spec is None:
+        return None
+    return LearnerRouting(model, batch.routing, input_mask(batch.prompt_mask, batch.response_mask),
+                          replay=plan.routing_replay != "off", tally=tally)
+
+
+def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
+                  entropy_control: EntropyControl | None = None, first_step: int = 0) -> UpdateResult:
     """All optimizer steps for one rollout batch; the entropy comes back when the training forward
-    measured it (pi_old from the forward: one update, so each row is seen once)."""
+    measured it (pi_old from the forward: one update, so each row is seen once).
+
+    ``entropy_control`` gives each step's bonus coefficient and is updated after each step with
+    the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
+    of this batch's first optimizer step (seeds Clip-Cov's selection)."""
     batch = batch.to(next(model.parameters()).device)
+    control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     model.train()
-    parts, skipped, entropy = [], 0, None
+    parts, skipped, entropy, k = [], 0, None, first_step
     for _ in range(algo.num_iterations):
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
-            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan)
+            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
+                                                       entropy_coef=control.applied_coef,
+                                                       generator=clip_cov_generator(plan.seed, k))
+            if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
+                metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped
+            k += 1
             scheduler.step()
+            if algo.entropy_bonus and stepped and math.isfinite(metrics.get("loss/entropy", math.nan)):
+                control.update(metrics["loss/entropy"])
             parts.append((finite(metrics), 1.0))
     model.eval()
     out = reduce_metrics(parts)
     out["optim/skipped_updates"] = float(skipped)
     out["optim/lr"] = optimizer.param_groups[0]["lr"]
+    if algo.entropy_bonus:
+        out.update(control.metrics())
     return UpdateResult(out, None if entropy is None else entropy.cpu())

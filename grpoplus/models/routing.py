@@ -24,7 +24,7 @@ renormalisation that is the softmax of the router logits restricted to the repla
 experts. The weights stay a function of the router logits, so the router keeps learning.
 
 Mechanism: forward hooks on the router modules of one model instance (and a pre-hook on
-the model to learn each forward's ``[B, S]``); nothing in transformers is patched, and the
+its transformer body to learn each forward's ``[B, S]``); nothing in transformers is patched, and the
 hooks are removed when the ``with`` block ends, also on an exception.
 """
 
@@ -109,6 +109,13 @@ def check_routing(routing: torch.Tensor, spec: RoutingSpec) -> None:
         raise ValueError("routing repeats an expert among the k choices of a token; top-k experts are distinct")
 
 
+def transformer_body(model: torch.nn.Module) -> torch.nn.Module:
+    """The body (``get_decoder()``) of a causal LM, which every forward runs, whether the model is
+    called whole or its body alone (the learner's chunked-head path); ``model`` itself otherwise."""
+    get_decoder = getattr(model, "get_decoder", None)
+    return get_decoder() if callable(get_decoder) else model
+
+
 def _forward_input(args: tuple, kwargs: dict) -> torch.Tensor:
     """The ``input_ids`` [B, S] (or ``inputs_embeds`` [B, S, H]) of a causal-LM forward call."""
     ids = kwargs.get("input_ids", args[0] if args else None)
@@ -164,13 +171,13 @@ def record_routing(model: torch.nn.Module) -> Iterator[RoutingRecord]:
     >>> record.routing.shape                           # doctest: +SKIP
     torch.Size([B, S, L, k])
 
-    Works with and without grad; the model's outputs are untouched. Call ``model`` itself
-    (its forward pre-hook learns each forward's ``[B, S]``). Raises ``ValueError`` for a
+    Works with and without grad; the model's outputs are untouched. Call ``model`` or its
+    transformer body (a pre-hook on the body learns each forward's ``[B, S]``). Raises ``ValueError`` for a
     model without supported MoE routers.
     """
     routers = moe_routers(model)
     record = RoutingRecord(len(routers))
-    handles = [model.register_forward_pre_hook(record._start, with_kwargs=True)]
+    handles = [transformer_body(model).register_forward_pre_hook(record._start, with_kwargs=True)]
     try:
         handles += [r.register_forward_hook(partial(_record_hook, record, layer)) for layer, r in enumerate(routers)]
         yield record
@@ -228,7 +235,7 @@ def replay_routing(model: torch.nn.Module, routing: torch.Tensor) -> Iterator[Ro
     spec = _spec(routers)
     check_routing(routing, spec)
     replay = _Replay(routing, spec.num_layers)
-    handles = [model.register_forward_pre_hook(replay.start, with_kwargs=True)]
+    handles = [transformer_body(model).register_forward_pre_hook(replay.start, with_kwargs=True)]
     try:
         handles += [r.register_forward_hook(partial(replay.router_hook, layer, RENORMALISES[type(r).__name__](r)))
                     for layer, r in enumerate(routers)]

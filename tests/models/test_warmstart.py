@@ -73,3 +73,33 @@ def test_cli_builds_and_prints_the_dir(capsys):
     warmstart.main(["--task", "countdown", "--size", "nano", "--steps", "2", "--batch-size", "4"])
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert "countdown-d3-nano-" in printed
+
+
+def test_build_prints_progress_lines_to_stderr(capsys):
+    build_warmstart("arithmetic", size="nano", steps=10, batch_size=4)
+    err = capsys.readouterr().err
+    assert "warm start: building arithmetic-d4-nano-" in err and "10 supervised steps" in err
+    assert "warm start: step 10/10 loss" in err and "s left)" in err
+    assert "warm start: done in" in err
+    build_warmstart("arithmetic", size="nano", steps=10, batch_size=4)
+    assert capsys.readouterr().err == ""  # a cached warm start is silent
+
+
+def test_warm_start_never_trains_on_the_fixed_held_out_problems(monkeypatch):
+    from grpoplus.tasks import get_task
+
+    seen = {}
+
+    def capture(model, tokenizer, prompts, targets, **kwargs):
+        seen["prompts"] = set(prompts)
+        return [0.0]
+
+    monkeypatch.setattr(warmstart, "train_sft", capture)
+    held_out = {ex.prompt for ex in get_task("arithmetic", seed=0).split("test")}
+    own = {ex.prompt for ex in get_task("arithmetic", seed=1).split("train")}
+    assert own & held_out  # seed 1's training split holds problems of seed 0's held-out split
+    build_warmstart("arithmetic", seed=1, eval_seed=0, **QUICK)
+    assert seen["prompts"] == own - held_out
+    # Evaluating on the run's own seed leaves the recipe (and so the cached dir) as it was.
+    assert warmstart_recipe("arithmetic", seed=1, eval_seed=1, **QUICK) == warmstart_recipe("arithmetic", seed=1, **QUICK)
+    assert "eval_seed" in warmstart_recipe("arithmetic", seed=1, eval_seed=0, **QUICK)

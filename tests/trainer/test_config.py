@@ -15,9 +15,61 @@ def test_preset_and_bare_and_dotted_overrides():
     assert cfg.run.preset == "dapo" and cfg.run.overrides == ["eps_high=0.3", "rollout.group_size=4", "max_steps=8"]
 
 
-def test_max_len_follows_max_new_tokens_unless_set():
+def test_max_len_and_max_new_tokens_are_one_length():
     assert build_config("dr_grpo", overrides=["max_new_tokens=24"]).algo.max_len == 24
-    assert build_config("dr_grpo", overrides=["max_new_tokens=24", "max_len=100"]).algo.max_len == 100
+    cfg = build_config("dr_grpo", overrides=["max_len=100"])  # either name sets both
+    assert cfg.algo.max_len == cfg.rollout.max_new_tokens == 100
+    assert build_config("dr_grpo", overrides=["max_len=24", "max_new_tokens=24"]).algo.max_len == 24
+    with pytest.raises(ValueError, match=r"algo.max_len=512 and rollout.max_new_tokens=48 .* disagree"):
+        build_config("dapo", overrides=["max_len=512", "max_new_tokens=48"])
+
+
+def test_resume_with_a_new_max_new_tokens_moves_max_len_along(tmp_path):
+    cfg = build_config("dapo", overrides=["max_new_tokens=24"])
+    cfg.save(tmp_path / "config.yaml")
+    again = build_config(base=yaml.safe_load((tmp_path / "config.yaml").read_text()), overrides=["max_new_tokens=32"])
+    assert again.algo.max_len == again.rollout.max_new_tokens == 32
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp"])
+def test_group_of_one_is_rejected_for_group_relative_estimators(estimator):
+    with pytest.raises(ValueError, match=r"rollout.group_size=1 .* advantage 0 .* set rollout.group_size >= 2"):
+        build_config("grpo", overrides=["group_size=1", f"adv_estimator={estimator}"])
+    with pytest.raises(ValueError, match="group_size=1"):  # GDPO normalises each component in its group too
+        build_config("grpo", overrides=["group_size=1", "reward_aggregation=gdpo"])
+
+
+def test_group_of_one_is_accepted_for_an_estimator_that_is_not_group_relative():
+    from grpoplus.algo import ADVANTAGES
+
+    @ADVANTAGES.register("test_raw_reward")
+    def raw(rewards, group_index, num_groups, eps):  # REINFORCE without a baseline
+        return rewards
+
+    try:
+        assert build_config("grpo", overrides=["group_size=1", "adv_estimator=test_raw_reward"]).rollout.group_size == 1
+    finally:
+        ADVANTAGES._items.pop("test_raw_reward")
+
+
+def test_help_config_shows_the_chosen_preset_and_overrides_with_meanings():
+    from grpoplus.algo import AlgoConfig
+
+    cispo = AlgoConfig.preset("cispo")
+    text = describe_keys(build_config("cispo", overrides=["eps_low=0.5"]))
+    assert "  loss = 'cispo'" in text and f"  eps_high = {cispo.eps_high!r}" in text
+    assert "  eps_low = 0.5" in text  # the override, not the preset's 1.0
+    assert "  num_minibatches = 4" in text
+    for key in AlgoConfig.field_names():  # every algo key is printed with a meaning under it
+        line = next(i for i, l in enumerate(text.splitlines()) if l.startswith(f"  {key} = "))
+        assert text.splitlines()[line + 1].startswith("      "), key
+
+
+def test_eval_seed_is_a_data_key_and_run_seed_says_what_it_changes():
+    assert build_config("dapo").data.eval_seed == 0
+    assert build_config("dapo", overrides=["eval_seed=3"]).data.eval_seed == 3
+    text = describe_keys()
+    assert "warm start" in text and "data.eval_seed" in text
 
 
 def test_yaml_file_nested_and_flat(tmp_path):
@@ -72,3 +124,9 @@ def test_parse_override_types_values():
     assert parse_override("corrections=[tis_token, geo_mask]") == ("corrections", ["tis_token", "geo_mask"])
     assert parse_override("beta=0") == ("beta", 0)
     assert "eps_high" in describe_keys()
+
+
+def test_algo_floats_written_without_a_dot_are_floats():
+    # YAML 1.1 reads 1e-6 (no dot) as a string; every section coerces it like the others.
+    cfg = build_config("grpo", overrides=["rs_threshold=1e-6", "correction_cap_low=5e-1"])
+    assert cfg.algo.rs_threshold == 1e-6 and cfg.algo.correction_cap_low == 0.5

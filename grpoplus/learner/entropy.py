@@ -1,0 +1,101 @@
+"""The token entropy WITH its gradient, for the entropy bonus (``AlgoConfig.entropy_bonus``).
+
+``grpoplus.learner.logprobs`` measures the entropy without gradient (a metric, the
+high-entropy mask). The bonus ``-c * agg(H)`` of ``policy_loss`` needs ``dH/dz``: with
+``z = logits / temperature``, ``p = softmax(z)`` and ``H = logsumexp(z) - sum_v p_v z_v``,
+
+    dH/dz_v = -p_v (log p_v + H)
+
+(differentiate ``H = -sum_v p_v log p_v`` with ``dp_u/dz_v = p_u (1[u = v] - p_v)``:
+``-p_v (log p_v + 1) + p_v sum_u p_u (log p_u + 1) = -p_v (log p_v + H)``). As
+:class:`~grpoplus.learner.logprobs.TokenLogProb`, :class:`TokenEntropy` works over row chunks,
+saves only the logits (the model produced them anyway; ``TokenLogProb`` saves the same
+tensor) and recomputes the softmax chunk by chunk in backward, so no [N, T, V] softmax is
+kept for backward.
+
+:func:`response_logprobs_and_entropy` is the update's forward when the bonus is on: one
+model forward, ``logp`` and ``H`` both differentiable.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from grpoplus.learner.logprobs import CHUNK_ELEMENTS, TokenLogProb
+
+
+def _row_chunks(logits: torch.Tensor) -> list[slice]:
+    rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
+    return [slice(i, i + rows) for i in range(0, logits.shape[0], rows)]
+
+
+class TokenEntropy(torch.autograd.Function):
+    """Entropy of ``softmax(logits / temperature)`` per position, differentiable.
+
+    Forward: logits [N, T, V] -> [N, T] (float32, float64 for float64 logits).
+    Backward: ``d H / d logits = -p (log p + H) / temperature``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        work = torch.promote_types(logits.dtype, torch.float32)
+        out = logits.new_empty(logits.shape[:2], dtype=work)  # [N, T]
+        for rows in _row_chunks(logits):
+            logp = (logits[rows].to(work) / temperature).log_softmax(-1)  # [n, T, V]
+            out[rows] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(logits, out)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, entropy = ctx.saved_tensors
+        grad = torch.empty_like(logits)  # [N, T, V]
+        for rows in _row_chunks(logits):
+            logp = (logits[rows].to(entropy.dtype) / ctx.temperature).log_softmax(-1)  # [n, T, V]
+            d_z = -logp.exp() * (logp + entropy[rows, :, None])  # dH/dz
+            grad[rows] = (d_z * (grad_out[rows, :, None] / ctx.temperature)).to(grad.dtype)
+        return grad, None
+
+
+def token_entropy_with_grad(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``H`` of ``softmax(logits / temperature)``: [N, T, V] -> [N, T], with autograd through ``logits``."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return TokenEntropy.apply(logits, temperature)
+
+
+def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                  response_ids: torch.Tensor, response_mask: torch.Tensor, *,
+                                  temperature: float = 1.0, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
+
+    The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
+    (left prompt and right response columns that are padding in every row trimmed, the engine's
+    position ids), with the entropy taken by :class:`TokenEntropy` from the same logits. It
+    materialises the [n, T, V] logits, which the chunked-head path of ``response_logprobs`` avoids:
+    to be folded into that module (an ``entropy_grad`` option of its chunked head). ``routing``:
+    MoE routing of the forward, as in ``response_logprobs`` (called with the row and input-column slices).
+    """
+    keep_p = prompt_mask.bool().any(0).nonzero()
+    p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
+    keep_t = response_mask.bool().any(0).nonzero()
+    t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
+    n, T = response_ids.shape
+    if t1 == 0:  # no response token at all: nothing to score
+        zeros = response_mask.new_zeros(n, T, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
+        return zeros, zeros.clone()
+    input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
+    attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    with nullcontext() if routing is None else routing(slice(0, n), slice(p0, prompt_ids.shape[1] + t1)):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: P'-1+t predicts t
+    mask = response_mask[:, :t1]
+    logp = TokenLogProb.apply(logits, response_ids[:, :t1], temperature)
+    entropy = TokenEntropy.apply(logits, temperature)
+    pad = (0, T - t1)
+    return (torch.nn.functional.pad(logp * mask.to(logp.dtype), pad),
+            torch.nn.functional.pad(entropy * mask.to(entropy.dtype), pad))

@@ -1,0 +1,129 @@
+"""Routing replay in the learner (ALGORITHMS.md section 8): which expert routing each of the
+learner's forwards uses, and how often the router's own choice differs from it.
+
+``algo.routing_replay``:
+
+- ``off``: every forward routes naturally; the natural routing is compared with the
+  sampler's (the engine's recorded routing) to measure the mismatch;
+- ``r2`` (the Routing Replay of GSPO, Zheng et al. 2025, arXiv:2507.18071): the ``logp_old``
+  pass records the learner's natural routing, and every training forward of the batch
+  replays it;
+- ``r3`` (Rollout Routing Replay, Ma et al. 2025, arXiv:2510.11370): every learner forward,
+  the ``logp_old`` pass included, replays the rollout engine's routing.
+
+A :class:`LearnerRouting` is handed to :func:`grpoplus.learner.logprobs.response_logprobs`
+as ``routing=``; it wraps each forward in :func:`replay_routing` or :func:`record_routing`
+and counts what the router would have chosen in a :class:`RoutingTally`. The reference
+policy's forward is never replayed: it is another network with its own routing.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from grpoplus.models.routing import (
+    NATURAL, RENORMALISES, ROUTING_DTYPE, RoutingSpec, expert_load, record_routing, replay_routing, routing_mismatch,
+    routing_spec,
+)
+
+REPLAY_MODES = ("off", "r2", "r3")
+
+
+def moe_spec(model: torch.nn.Module) -> RoutingSpec | None:
+    """The routing shape of ``model``, or None for a model without an MoE router replay supports (dense)."""
+    if not any(type(m).__name__ in RENORMALISES for m in model.modules()):
+        return None
+    return routing_spec(model)
+
+
+def check_replay(mode: str, model: torch.nn.Module) -> RoutingSpec | None:
+    """``moe_spec(model)``; ``ValueError`` when routing replay is asked of a model without MoE routers."""
+    spec = moe_spec(model)
+    if mode != "off" and spec is None:
+        raise ValueError(f"algo.routing_replay={mode} needs a mixture-of-experts policy, but {type(model).__name__} "
+                         f"has no MoE router that replay supports ({', '.join(RENORMALISES)}): use an MoE model "
+                         "(--model tiny-moe) or algo.routing_replay=off")
+    return spec
+
+
+def input_mask(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, P], [N, T] -> [N, P + T] long: the real tokens of ``cat(prompt, response)``, whose routing counts."""
+    return torch.cat([prompt_mask.long(), response_mask.long()], 1)
+
+
+class RoutingTally:
+    """Counts over the learner's forwards of one optimizer step (or pass), reduced once to metrics.
+
+    ``differ[l] / counted[l]`` is the share of real token-layer choices whose natural top-k
+    set differs from the reference routing; ``slots[l, e]`` counts routed token-slots per
+    expert of the natural routing (the ``f_i`` of the Switch Transformer balance loss).
+    """
+
+    def __init__(self, spec: RoutingSpec):
+        self.spec = spec
+        self.differ = torch.zeros(spec.num_layers, dtype=torch.float64)
+        self.counted = torch.zeros(spec.num_layers, dtype=torch.float64)
+        self.slots = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.float64)
+
+    @torch.no_grad()
+    def add(self, natural: torch.Tensor, reference: torch.Tensor | None, mask: torch.Tensor) -> None:
+        """natural, reference: [B, S, L, k] (reference None: load only); mask: [B, S] real tokens."""
+        tokens = float(mask.sum())
+        self.slots += expert_load(natural, mask, self.spec.num_experts).double().cpu() * tokens * self.spec.top_k
+        if reference is None:
+            return
+        per_layer, _ = routing_mismatch(natural, reference, mask)  # fractions of the counted tokens [L]
+        counted = (mask.bool()[:, :, None] & (reference[..., 0] != NATURAL)).sum((0, 1)).double().cpu()  # [L]
+        self.differ += per_layer.double().cpu() * counted
+        self.counted += counted
+
+    def metrics(self) -> dict[str, float]:
+        """``moe/routing_mismatch`` (and ``/layer<l>``) when a reference was counted; ``moe/load_max_frac``:
+        the largest share of routed token-slots any one expert received, worst layer (balanced = 1 / E)."""
+        out = {}
+        if self.counted.sum() > 0:
+            out["moe/routing_mismatch"] = float(self.differ.sum() / self.counted.sum())
+            per_layer = self.differ / self.counted.clamp(min=1)
+            out.update({f"moe/routing_mismatch/layer{layer}": float(v) for layer, v in enumerate(per_layer)})
+        if self.slots.sum() > 0:
+            out["moe/load_max_frac"] = float((self.slots / self.slots.sum(1, keepdim=True).clamp(min=1)).max())
+        return out
+
+
+class LearnerRouting:
+    """The routing of one learner call over ``N`` rows: passed to ``response_logprobs(routing=...)``.
+
+    Args:
+        model: the MoE policy.
+        routing: [N, S, L, k] routing aligned with ``cat(prompt_ids, response_ids)``: replayed when
+            ``replay``, else only compared with; None: nothing to replay or compare with.
+        mask: [N, S] the attention mask of ``cat(prompt, response)`` (which tokens count).
+        replay: force ``routing`` in every forward (R2's and R3's training forwards, R3's logp_old pass).
+        tally: where each forward's mismatch and expert load are counted (None: not measured).
+        record: keep the natural routing of every forward in ``.natural`` (R2's logp_old pass).
+    """
+
+    def __init__(self, model: torch.nn.Module, routing: torch.Tensor | None, mask: torch.Tensor, *,
+                 replay: bool = False, tally: RoutingTally | None = None, record: bool = False):
+        if replay and routing is None:
+            raise ValueError("routing replay needs a routing to replay, got None")
+        self.model, self.routing, self.mask, self.replay, self.tally = model, routing, mask, replay, tally
+        spec = routing_spec(model)
+        self.natural = torch.full((*mask.shape, spec.num_layers, spec.top_k), NATURAL,
+                                  dtype=ROUTING_DTYPE) if record else None  # [N, S, L, k] on the CPU
+
+    @contextmanager
+    def __call__(self, rows: slice, cols: slice) -> Iterator[None]:
+        """Wrap the one forward of ``rows`` whose input is the columns ``cols`` of ``cat(prompt, response)``."""
+        target = None if self.routing is None else self.routing[rows, cols]
+        with replay_routing(self.model, target) if self.replay else record_routing(self.model) as record:
+            yield
+        natural, mask = record.routing, self.mask[rows, cols]
+        if self.tally is not None:
+            self.tally.add(natural, target, mask)
+        if self.natural is not None:
+            real = mask.bool()[:, :, None, None].cpu()
+            self.natural[rows, cols] = torch.where(real, natural.cpu(), NATURAL)

@@ -1,0 +1,40 @@
+"""The build layer's data: a held-out set fixed by data.eval_seed that no training prompt is part of."""
+
+import json
+
+from grpoplus.build import build_data
+from grpoplus.config import build_config
+from grpoplus.tasks import get_task
+
+
+def _prompts(examples) -> set[str]:
+    return {ex.prompt for ex in examples}
+
+
+def test_eval_set_is_fixed_across_run_seeds_and_never_trained_on():
+    fixed = _prompts(get_task("arithmetic", seed=0).split("test"))
+    for seed in (1, 2):
+        _, train, test = build_data(build_config("dapo", overrides=[f"seed={seed}"]), tokenizer=None)
+        assert _prompts(test) == fixed  # data.eval_seed=0 for every run.seed
+        own_train = get_task("arithmetic", seed=seed).split("train")
+        assert _prompts(own_train) & fixed  # the seed's own training split holds held-out problems...
+        assert not _prompts(train) & fixed  # ...which are filtered out
+        assert _prompts(train) == _prompts(own_train) - fixed
+
+
+def test_seed_0_keeps_its_splits_as_they_were():
+    task = get_task("arithmetic", seed=0)
+    _, train, test = build_data(build_config("dapo"), tokenizer=None)
+    assert train == list(task.split("train")) and test == list(task.split("test"))
+
+
+def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) for i in range(40)) + "\n")
+    splits = [build_data(build_config("dapo", overrides=[f"data={data}", f"seed={seed}", "chat_template=false"]), None)
+              for seed in (0, 5)]
+    assert _prompts(splits[0][2]) == _prompts(splits[1][2])
+    for _, train, test in splits:
+        assert not _prompts(train) & _prompts(test) and len(train) + len(test) == 40
+    moved = build_data(build_config("dapo", overrides=[f"data={data}", "eval_seed=1", "chat_template=false"]), None)
+    assert _prompts(moved[2]) != _prompts(splits[0][2])
