@@ -60,12 +60,13 @@ def build_process(cfg: Config) -> None:
 
 def build(cfg: Config) -> Components:
     build_process(cfg)
-    logp_old_mode(cfg.algo, cfg.learner.logp_old, uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
+    logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
     check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
     routing = check_replay(cfg.algo.routing_replay, model)  # the MoE routing shape; None for a dense policy
     if cfg.run.cluster == "ray":
         return build_on_ray(cfg, task, train, test, model, tokenizer)
+    model = build_lora(cfg, model)
     parts = build_learner_parts(cfg, model)
     scorer = Scorer(build_rewards(cfg, task), train)
     engine = build_engine(cfg, model, tokenizer, record_routing=routing is not None)
@@ -109,7 +110,9 @@ def build_learner_parts(cfg: Config, model: torch.nn.Module):
     bonus's coefficient."""
     from grpoplus.distributed.learner import LearnerParts
 
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algo.beta > 0 else None
+    # With LoRA the reference is the same model with its adapters off (no second copy).
+    copied = cfg.algo.beta > 0 and cfg.learner.lora_rank == 0
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
     optimizer, scheduler = build_optimizer(cfg, model)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo))
 
@@ -119,10 +122,17 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
     only the rank that prepares the batch needs (GDPO)."""
     lrn = cfg.learner
     return LearnerPlan(cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
-                       logp_old_mode(cfg.algo, lrn.logp_old, uses_reference=cfg.algo.beta > 0),
+                       logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0),
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
-                       reward_weights=rewards)
+                       reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0)
+
+
+def logp_old_source(cfg: Config) -> str:
+    """``learner.logp_old``, except that LoRA dropout makes the training forward stochastic: pi_old then
+    needs its own pass."""
+    lrn = cfg.learner
+    return "recompute" if lrn.lora_rank and lrn.lora_dropout > 0 and lrn.logp_old == "auto" else lrn.logp_old
 
 
 def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
@@ -198,7 +208,8 @@ def build_policy(cfg: Config, device: str | None = None):
     d = cfg.data
     with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
         return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
-                           device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed)
+                           device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
+                           lora=cfg.learner.lora_rank > 0)
 
 
 @contextmanager
@@ -213,26 +224,60 @@ def phase(what: str):
 
 def build_task_and_model(cfg: Config):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
+    from grpoplus.models.load import is_builtin
+
+    d, name = cfg.data, cfg.learner.model
+    tasks = builtin_tasks(cfg)
+    if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):  # refused before the tiny model's warm start
+        raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
+                         "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
-    return (*build_data(cfg, tokenizer), model, tokenizer)
+    return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
 
 
-def build_data(cfg: Config, tokenizer) -> tuple[object, list, list]:
-    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
-    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems)."""
-    from grpoplus.tasks import get_task, without_prompts
-    from grpoplus.tasks.dataset import dataset_task
+def builtin_tasks(cfg: Config) -> tuple | None:
+    """(task, held_out) of a built-in task: its training problems from ``run.seed``, its held-out ones
+    from ``data.eval_seed``; None for a data set."""
+    from grpoplus.tasks import get_task
 
     d = cfg.data
-    if d.data is None:
-        kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
-        task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-        held_out = task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs)
-        test = list(held_out.split("test"))
-    else:  # the held-out rows of a split data set are chosen by eval_seed
+    if d.data is not None:
+        return None
+    kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
+    task = get_task(d.task, seed=cfg.run.seed, **kwargs)
+    return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
+
+
+def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
+    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``)."""
+    from grpoplus.tasks import without_prompts
+    from grpoplus.tasks.dataset import dataset_task
+    from grpoplus.tasks.synthetic import with_chat_template
+
+    d = cfg.data
+    tasks = tasks or builtin_tasks(cfg)
+    if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
         task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
-        test = list(task.split("test"))
+        held_out = task
+    elif getattr(tasks[0], "chat", False) and d.chat_template:
+        task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
+    else:
+        task, held_out = tasks
+    test = list(held_out.split("test"))
     return task, without_prompts(task.split("train"), test), test
+
+
+def build_lora(cfg: Config, model):
+    """The policy with LoRA adapters (``learner.lora_*``; only the adapters train), or ``model`` itself
+    when ``learner.lora_rank`` is 0."""
+    from grpoplus.models.lora import add_lora
+
+    lr = cfg.learner
+    if lr.lora_rank == 0:
+        return model
+    return add_lora(model, lr.lora_rank, lr.lora_alpha, lr.lora_dropout, lr.lora_target_modules)
 
 
 def build_rewards(cfg: Config, task):

@@ -26,7 +26,7 @@ def _add_train(sub) -> None:
     p.add_argument("--preset", default=None, help="algorithm preset (see `grpoplus presets`); default dapo")
     p.add_argument("--config", default=None, help="YAML file of config values (nested by section or flat)")
     p.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its last complete checkpoint")
-    p.add_argument("--task", help="built-in task: arithmetic | countdown (default arithmetic)")
+    p.add_argument("--task", help="built-in task: arithmetic | countdown | wordproblems (default arithmetic)")
     p.add_argument("--out", help="run directory (default runs/demo)")
     p.add_argument("--model", help="local HF model dir, .gguf file, or `smollm2` (default: built-in tiny model)")
     p.add_argument("--data", help="JSONL / JSON / Parquet file or saved datasets dir with prompts and answers")

@@ -169,6 +169,16 @@ class LearnerConfig:
     collective_timeout_s: float = 300.0
     """Longest a learner rank waits for the others (joining, the gradient all-reduce, an update's
     payload) before the run stops with an error naming the rank."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank (peft) instead of every weight; the KL reference is the
+    same model with its adapters off, checkpoints hold the adapters. 0 = full fine-tuning."""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: the update is (lora_alpha / lora_rank) B A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 keeps the training forward equal to pi_old)."""
+    lora_target_modules: list = field(default_factory=lambda: ["all-linear"])
+    """Linear layers that get adapters, by module name (q_proj, v_proj, ...) or all-linear (every
+    linear layer but the LM head)."""
 
 
 @dataclass
@@ -402,6 +412,7 @@ def _check(cfg: Config) -> None:
     if cfg.learner.micro_batch_tokens < 0:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
+    _check_lora(cfg)
     from grpoplus.metrics import require_loggers
     from grpoplus.rollout import require_engine
 
@@ -471,6 +482,27 @@ def _check_local_devices(device: str, ranks: int) -> None:
                          "(cluster=ray) or with torchrun across machines")
 
 
+def _check_lora(cfg: Config) -> None:
+    lr = cfg.learner
+    if lr.lora_rank < 0:
+        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
+    if lr.lora_rank == 0:
+        return
+    from grpoplus.models.lora import require_peft
+
+    require_peft()
+    if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
+        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
+                         f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
+                         f"{lr.lora_target_modules}")
+    if cfg.algo.ref_reset_every:
+        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
+                         "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
+    if lr.data_parallel > 1 or cfg.run.cluster != "local" or cfg.rollout.max_staleness > 0:
+        raise ValueError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
+                         "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
+
+
 def _check_group_size(cfg: Config) -> None:
     """A group-relative estimator (its baseline is the group's own rewards) gives a group of one
     response advantage 0: every step would train on nothing."""
@@ -493,7 +525,8 @@ def _check_packages(cfg: Config) -> None:
     if model.endswith(".gguf"):
         require_package("gguf", f"the model {model!r}")
     reward_names = [spec.get("name") if isinstance(spec, dict) else str(spec).split(":")[0] for spec in cfg.data.rewards]
-    if cfg.data.data is not None or "math" in reward_names:  # the math verifier runs math-verify
+    math_task = cfg.data.data is None and cfg.data.task == "wordproblems"  # its verifier is the math one
+    if cfg.data.data is not None or math_task or "math" in reward_names:  # the math verifier runs math-verify
         require_package("math_verify")
 
 

@@ -1,7 +1,8 @@
 """Checkpoints that resume exactly.
 
-A checkpoint is a Hugging Face model directory (weights + tokenizer) plus
-``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, counters) and,
+A checkpoint is a Hugging Face model directory (weights + tokenizer; for a LoRA policy
+the adapters alone, ``adapter_model.safetensors``, the base weights being read from the
+model path again) plus ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, counters) and,
 when a reference model is used, ``reference.safetensors``. It is written into a
 temporary directory, the ``COMPLETE`` marker is written last, and the directory is then
 renamed into place: a run killed while saving leaves only a temporary directory, which
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
+from grpoplus.models.lora import ADAPTER_FILE, is_lora, load_adapters
 from grpoplus.rundir import RunDir
 
 MARKER = "COMPLETE"
@@ -99,8 +101,14 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load a checkpoint's model weights into ``model`` (same architecture) in place."""
+    """Load a checkpoint's model weights (a LoRA policy: its adapters) into ``model`` (same architecture) in place."""
+    if is_lora(model):
+        load_adapters(model, path)
+        return
     files = sorted(path.glob("model*.safetensors"))
+    if not files and (path / ADAPTER_FILE).is_file():
+        raise ValueError(f"checkpoint {path} holds LoRA adapters, not a whole model: resume with the "
+                         "learner.lora_rank and lora_target_modules of the run that saved it")
     if not files:
         raise FileNotFoundError(f"checkpoint {path} holds no model*.safetensors file")
     state = {}

@@ -21,6 +21,7 @@ from functools import partial
 
 import torch
 
+from grpoplus.models.lora import compute_module
 from grpoplus.rollout.base import Rollouts
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
@@ -233,6 +234,7 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         raise ValueError(f"{prompt_ids.shape[0]} prompt rows but {response_ids.shape[0]} response rows")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    model = compute_module(model)  # a LoRA policy: the base model whose layers carry the adapters
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
                            response_mask[i:i + step], temperature, with_entropy,

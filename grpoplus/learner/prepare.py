@@ -19,6 +19,7 @@ from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
+from grpoplus.models.lora import adapters_off
 from grpoplus.models.routing import RoutingSpec
 
 LOGP_OLD_MODES = ("forward", "recompute", "rollout")
@@ -37,6 +38,7 @@ class LearnerPlan:
     routing_spec: RoutingSpec | None = None  # the policy's MoE routing shape; None for a dense policy
     seed: int = 0  # the run seed: with the optimizer step's index it seeds Clip-Cov's token subset
     reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
+    reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -118,6 +120,9 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         logp_old = r.logp_roll.clone()
     if ref_model is not None:
         logp_ref, _ = learner_logprobs(ref_model, r, plan, with_entropy=False)
+    elif plan.reference_adapters_off:
+        with adapters_off(model):
+            logp_ref, _ = learner_logprobs(model, r, plan, with_entropy=False)
     rewards, metrics = scored.rewards, {}
     if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old is recomputed (logp_old_mode)
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)

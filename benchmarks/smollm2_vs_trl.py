@@ -1,0 +1,199 @@
+"""SmolLM2-135M side by side: grpoplus vs TRL's GRPOTrainer, and LoRA vs full fine-tuning.
+
+Same model (fp32), same chat prompts (the ``wordproblems`` task through the model's chat
+template), same reward (its verifier), 4 prompts x 4 samples = 16 completions of <= 48 new
+tokens, temperature 1, one update per batch, no KL, clip 0.2, token-mean loss (TRL's
+default ``loss_type="dapo"``; grpoplus: the dapo preset without dynamic sampling or
+overlong shaping), AdamW at lr 1e-6. Each side runs in its own process, one process per call,
+so peak resident memory (``ru_maxrss``) is the side's own::
+
+    M=/tmp/smollm2-hf   # a Hugging Face dir of SmolLM2-135M-Instruct (made once by `save`)
+    python benchmarks/smollm2_vs_trl.py save --model $M
+    python benchmarks/smollm2_vs_trl.py trl --model $M --steps 4 >> runs.jsonl
+    python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 >> runs.jsonl
+    python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 lora_rank=16 >> runs.jsonl
+    python benchmarks/smollm2_vs_trl.py summary runs.jsonl   # calls grouped by side and overrides
+
+Alternate the calls (trl, grpoplus, grpoplus lora, trl, ...) so that both sides see the same
+machine. Each call prints one JSON line: the median seconds per step after ``--warmup``
+steps (range too), the peak RSS, and for grpoplus the rollout / learner split, the learner's
+MFU (6 x params x learner tokens / learner seconds, against the measured 145 GFLOP/s fp32
+matmul peak of this project's 2-core machine) and the decode's fraction of the weight-bandwidth
+bound (every weight read once per decode step at 26 GB/s). ``summary`` prints the medians of
+the calls and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+import torch  # noqa: E402
+
+PEAK_GFLOPS = 145.0  # fp32 matmul, 2 cores, idle machine (benchmarks/profile_smollm2.py)
+PEAK_GBS = 26.0  # memory bandwidth, idle machine
+PROMPTS, GROUP, NEW_TOKENS, LR = 4, 4, 48, 1e-6
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+
+
+def chat_problems(n: int) -> list:
+    """``n`` training problems of the wordproblems task (raw questions; each side applies the template)."""
+    from grpoplus.tasks import get_task
+
+    return list(get_task("wordproblems", seed=0).split("train"))[:n]
+
+
+def spread(times: list[float], warmup: int) -> dict:
+    kept = times[warmup:] or times
+    return {"median_s_per_step": round(statistics.median(kept), 2), "min_s": round(min(kept), 2),
+            "max_s": round(max(kept), 2), "steps_measured": len(kept)}
+
+
+def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpoplus.tasks.wordproblems import wordproblem_reward
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times, self.start = [], 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self.start)
+
+    def reward(prompts, completions, answer, **_):  # conversational completions: [{"role", "content"}]
+        return wordproblem_reward(prompts, [c[-1]["content"] for c in completions], answer)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    generate, decode_s = model.generate, []
+
+    def timed_generate(*args, **kwargs):  # TRL samples through model.generate on CPU
+        t0 = time.perf_counter()
+        out = generate(*args, **kwargs)
+        decode_s.append(time.perf_counter() - t0)
+        return out
+
+    model.generate = timed_generate
+    rows = chat_problems(steps * PROMPTS)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": e.prompt}] for e in rows],
+                              "answer": [e.answer for e in rows]})
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as out_dir:
+        config = GRPOConfig(output_dir=out_dir, use_cpu=True, max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP,
+                            num_generations=GROUP, max_completion_length=NEW_TOKENS, temperature=1.0,
+                            learning_rate=LR, beta=0.0, logging_steps=10**6, save_strategy="no", report_to="none",
+                            dataloader_num_workers=0, seed=0, bf16=False, fp16=False, disable_tqdm=True)
+        GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
+                    callbacks=[timer]).train()
+    return {"side": "trl", "trl_version": __import__("trl").__version__, **spread(timer.times, warmup),
+            "rollout_s_median": round(statistics.median(decode_s[warmup:] or decode_s), 2)}
+
+
+def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) -> dict:
+    from grpoplus.build import build
+    from grpoplus.config import build_config
+    from grpoplus.trainer import train_step
+
+    cfg = build_config("dapo", overrides=[
+        f"model={model_dir}", "task=wordproblems", f"prompts_per_step={PROMPTS}", f"group_size={GROUP}",
+        f"max_new_tokens={NEW_TOKENS}", "dynamic_sampling=false", "overlong_shaping=false", "eps_high=0.2",
+        f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
+        "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
+    c = build(cfg)
+    full = [p for p in c.model.parameters()]
+    params = sum(p.numel() for p in full)
+    weight_bytes = sum(p.numel() * p.element_size() for p in full)
+    trainable = sum(p.numel() for p in full if p.requires_grad)
+    times, rows = [], []
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        metrics, scored = train_step(cfg, c, step)
+        times.append(time.perf_counter() - t0)
+        r = scored.rollouts
+        rows.append({"rollout_s": metrics["time/rollout_s"], "learner_s": metrics["time/learner_s"],
+                     "learner_tokens": float(r.prompt_mask.sum() + r.response_mask.sum()),
+                     "decode_steps": r.response_ids.shape[1], "reward": metrics.get("reward/mean", float("nan"))})
+    c.close()
+    kept = rows[warmup:] or rows
+    med = {k: statistics.median(row[k] for row in kept) for k in kept[0]}
+    # 6 flops per parameter and token (forward 2, backward 4) for full fine-tuning; with LoRA the frozen
+    # weights get no weight gradient (forward 2 + input-gradient 2 = 4).
+    flops_per = 6 if trainable == params else 4
+    return {"side": "grpoplus", "overrides": " ".join(overrides), "params": params, "trainable": trainable,
+            **spread(times, warmup), "rollout_s_median": round(med["rollout_s"], 2),
+            "learner_s_median": round(med["learner_s"], 2), "learner_tokens": int(med["learner_tokens"]),
+            "learner_mfu": round(flops_per * params * med["learner_tokens"] / med["learner_s"] / PEAK_GFLOPS / 1e9, 3),
+            "decode_bw_fraction": round(weight_bytes * med["decode_steps"] / PEAK_GBS / 1e9 / med["rollout_s"], 3),
+            "reward_mean": round(med["reward"], 3)}
+
+
+def summary(path: str) -> None:
+    """Medians over the calls of each side, and grpoplus's ratios against TRL."""
+    sides: dict[str, list[dict]] = {}
+    with open(path) as handle:
+        for line in handle:
+            if line.startswith('{"'):  # the JSON records (TRL prints its own dict too)
+                rec = json.loads(line)
+                key = " ".join(filter(None, (rec["side"], rec.get("overrides"))))
+                sides.setdefault(key, []).append(rec)
+    table = {key: {k: statistics.median(r[k] for r in recs) for k in recs[0] if isinstance(recs[0][k], (int, float))}
+             | {"calls": len(recs)} for key, recs in sides.items()}
+    for key, row in table.items():
+        print(json.dumps({key: row}))
+    if "trl" in table and "grpoplus" in table:
+        trl, ours = table["trl"], table["grpoplus"]
+        print(json.dumps({"steps_per_s_ratio": round(trl["median_s_per_step"] / ours["median_s_per_step"], 2),
+                          "peak_rss_ratio": round(ours["peak_rss_mb"] / trl["peak_rss_mb"], 2)}))
+    for key in [k for k in table if k.startswith("grpoplus ") and "grpoplus" in table]:
+        base, other = table["grpoplus"], table[key]
+        print(json.dumps({f"{key} / grpoplus": {
+            "step_time_ratio": round(other["median_s_per_step"] / base["median_s_per_step"], 2),
+            "peak_rss_ratio": round(other["peak_rss_mb"] / base["peak_rss_mb"], 2)}}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary"])
+    parser.add_argument("path", nargs="?", help="summary: the JSONL of the calls")
+    parser.add_argument("--model", default="/tmp/smollm2-hf", help="a Hugging Face dir of SmolLM2-135M-Instruct")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the median")
+    args, overrides = parser.parse_known_args()
+    if args.which == "summary":
+        return summary(args.path)
+    if args.which == "save":
+        from grpoplus.models.load import load_policy
+
+        model, tok = load_policy("smollm2")
+        model.save_pretrained(args.model)
+        tok.save_pretrained(args.model)
+        return print(json.dumps({"saved": args.model}))
+    started = time.perf_counter()
+    record = run_trl(args.model, args.steps, args.warmup) if args.which == "trl" else \
+        run_grpoplus(args.model, args.steps, args.warmup, overrides)
+    print(json.dumps({**record, "peak_rss_mb": round(peak_rss_mb(), 0), "torch_threads": torch.get_num_threads(),
+                      "load_avg_1min": os.getloadavg()[0], "wall_s": round(time.perf_counter() - started, 1)}),
+          flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

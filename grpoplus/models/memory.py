@@ -1,0 +1,118 @@
+"""Will the model fit? Parameter count before loading, and the memory training it needs.
+
+Loading a model too large for the machine ends in the kernel's out-of-memory killer, or in
+swapping for an hour, long after the mistake was made. The parameter count is read
+without loading any weight (a Hugging Face dir: its ``config.json`` instantiated on the
+``meta`` device; a GGUF file: the tensor shapes in its header), and the run is refused
+with the numbers when training cannot fit in the memory available now.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+ADAM_COPIES = 3  # gradients + AdamW's two moments, each the size of the trained parameters
+MARGIN = 1.25  # activations of a micro-batch, the KV cache, the allocator's slack
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def hf_parameter_count(path: Path) -> int:
+    """Parameters of the model a Hugging Face dir describes (its config.json, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        json.loads((path / "config.json").read_text())
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (json.JSONDecodeError, ValueError, KeyError) as err:
+        raise ValueError(f"model dir {str(path)!r}: config.json is not a usable model config "
+                         f"({str(err).splitlines()[0]}); point at a Hugging Face model dir") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def gguf_parameter_count(file: Path) -> int:
+    """Parameters of a GGUF file: the sum of its tensors' element counts, read from the header."""
+    with open(file, "rb") as handle:
+        data = handle.read(min(os.path.getsize(file), 64 << 20))  # header: metadata + tensor table
+    try:
+        if data[:4] != b"GGUF":
+            raise ValueError("no GGUF magic")
+        n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
+        at = 24
+        for _ in range(n_kv):
+            at = _skip_string(data, at)
+            (kind,), at = struct.unpack_from("<I", data, at), at + 4
+            at = _skip_value(data, at, kind)
+        total = 0
+        for _ in range(n_tensors):
+            at = _skip_string(data, at)
+            (n_dims,), at = struct.unpack_from("<I", data, at), at + 4
+            total += math.prod(struct.unpack_from(f"<{n_dims}Q", data, at))
+            at += 8 * n_dims + 12  # dims, then the type (u32) and the offset (u64)
+        return total
+    except (struct.error, ValueError, KeyError) as err:
+        raise ValueError(f"{str(file)!r} is not a readable GGUF file ({err})") from None
+
+
+def _skip_string(data: bytes, at: int) -> int:
+    (length,) = struct.unpack_from("<Q", data, at)
+    return at + 8 + length
+
+
+def _skip_value(data: bytes, at: int, kind: int) -> int:
+    if kind == _GGUF_STRING:
+        return _skip_string(data, at)
+    if kind == _GGUF_ARRAY:
+        inner, count = struct.unpack_from("<IQ", data, at)
+        at += 12
+        if inner in _GGUF_SCALARS:
+            return at + count * _GGUF_SCALARS[inner]
+        for _ in range(count):
+            at = _skip_value(data, at, inner)
+        return at
+    return at + _GGUF_SCALARS[kind]
+
+
+def training_bytes(params: int, dtype: torch.dtype, lora: bool) -> int:
+    """Memory to train ``params`` parameters of ``dtype``: the weights, the sampler's copy of them
+    (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; times
+    :data:`MARGIN`. LoRA adapters are a fraction of a percent of the weights and are not counted."""
+    size = torch.finfo(dtype).bits // 8
+    copies = 2 if lora else 2 + ADAM_COPIES
+    return int(params * size * copies * MARGIN)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory free for this process now: the accelerator's free memory, or the OS's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(name: str, params: int, dtype: torch.dtype, device: str | torch.device, lora: bool) -> None:
+    """Raise ``ValueError`` with the estimate and the memory available when training cannot fit."""
+    device = torch.device(device)
+    need, free = training_bytes(params, dtype, lora), available_bytes(device)
+    if need <= free:
+        return
+    gb = 1e9
+    what = "LoRA" if lora else "full fine-tuning"
+    hint = "a smaller model" if lora else (f"a smaller model, or LoRA (learner.lora_rank=16: about "
+                                           f"{training_bytes(params, dtype, True) / gb:.1f} GB)")
+    raise ValueError(
+        f"model {name!r} has {params / 1e9:.2f}B parameters: {what} in {str(dtype).removeprefix('torch.')} needs "
+        f"about {need / gb:.1f} GB (weights, the sampler's copy{'' if lora else ', gradients, 2 AdamW moments'}, "
+        f"+{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available on {device.type}; use {hint}")

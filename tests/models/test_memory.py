@@ -1,0 +1,90 @@
+"""Model loading refuses, in one line and before reading any weight, what cannot work: a dir that is not a
+model, a model too large for the memory available, a chat task on a tokenizer without a chat template."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from grpoplus.build import build_task_and_model
+from grpoplus.config import build_config
+from grpoplus.models import memory
+from grpoplus.models.load import load_policy
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+
+
+@pytest.fixture
+def nano_dir(tmp_path) -> Path:
+    tok = char_tokenizer()
+    tiny_model(tok, size="nano").save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_hf_parameter_count_is_the_models_own(nano_dir):
+    model = tiny_model(char_tokenizer(), size="nano")
+    assert memory.hf_parameter_count(nano_dir) == sum(p.numel() for p in model.parameters())
+
+
+def test_gguf_parameter_count_reads_the_header(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    file = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(file), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "<eos>"])  # an array of strings to skip
+    writer.add_uint32("llama.block_count", 2)
+    writer.add_tensor("token_embd.weight", np.zeros((7, 5), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((3, 4, 2), dtype=np.float16))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        step()
+    writer.close()
+    assert memory.gguf_parameter_count(file) == 7 * 5 + 3 * 4 * 2
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all, not at all")
+    with pytest.raises(ValueError, match="not a readable GGUF"):
+        memory.gguf_parameter_count(tmp_path / "bad.gguf")
+
+
+def test_training_bytes_counts_weights_sampler_grads_and_adam():
+    # 1M fp32 parameters: full fine-tuning holds weights + the sampler's copy + grads + 2 Adam moments
+    # = 5 copies x 4 bytes = 20 MB, x 1.25 margin = 25 MB; LoRA holds weights + the merged copy = 10 MB.
+    assert memory.training_bytes(1_000_000, torch.float32, lora=False) == 25_000_000
+    assert memory.training_bytes(1_000_000, torch.float32, lora=True) == 10_000_000
+
+
+def test_a_model_too_large_for_the_memory_is_refused_before_loading(nano_dir):
+    # A 70B-class config next to the nano weights: the estimate must stop it before any weight is read.
+    big = LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                      num_attention_heads=64, num_key_value_heads=8)
+    (nano_dir / "config.json").write_text(big.to_json_string())
+    with pytest.raises(ValueError, match=r"6\d\.\d\dB parameters: full fine-tuning .* GB is available .*lora_rank"):
+        load_policy(str(nano_dir))
+    with pytest.raises(ValueError, match=r"LoRA in float32 needs about"):
+        load_policy(str(nano_dir), lora=True)
+
+
+def test_dirs_that_are_not_models_are_named(nano_dir):
+    (nano_dir / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="has config.json but no weights"):
+        load_policy(str(nano_dir))
+    tiny_model(char_tokenizer(), size="nano").save_pretrained(nano_dir)
+    (nano_dir / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="config.json is not a usable model config"):
+        load_policy(str(nano_dir))
+    (nano_dir / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(ValueError, match="config.json is not a usable model config"):
+        load_policy(str(nano_dir))
+
+
+def test_chat_task_needs_a_tokenizer_with_a_chat_template(nano_dir, tmp_path):
+    common = [f"out={tmp_path / 'run'}", "task=wordproblems"]
+    with pytest.raises(ValueError, match="pass --model"):  # the built-in tiny model: refused before its warm start
+        build_task_and_model(build_config(overrides=common))
+    with pytest.raises(ValueError, match="has no chat template"):
+        build_task_and_model(build_config(overrides=[*common, f"model={nano_dir}"]))
+    task, train, *_ = build_task_and_model(build_config(overrides=[*common, f"model={nano_dir}",
+                                                                   "chat_template=false"]))
+    assert train[0].prompt.endswith("'#### <number>'.")  # the raw question, as asked
