@@ -16,8 +16,6 @@ ray = pytest.importorskip("ray", reason="cluster=ray needs ray: pip install -e '
 from grpoplus.config import build_config  # noqa: E402
 from grpoplus.learner import checkpoint as ckpt  # noqa: E402
 from grpoplus.metrics import read_metrics  # noqa: E402
-from grpoplus.models.tiny import tiny_model  # noqa: E402
-from grpoplus.models.tokenizer import char_tokenizer  # noqa: E402
 from grpoplus.trainer import train  # noqa: E402
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
@@ -31,14 +29,6 @@ def ray_instance():
     yield
     ray.shutdown()
 
-
-@pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("nano")
-    tok = char_tokenizer()
-    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _run(nano_dir: str, out: Path, *overrides: str) -> list[dict]:

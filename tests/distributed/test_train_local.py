@@ -17,8 +17,6 @@ from grpoplus.config import build_config
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode, prepare
 from grpoplus.learner.update import update_policy
 from grpoplus.metrics import read_metrics
-from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.trainer import train
 
 # 4 prompts x 4 responses = 16 rows, micro-batches of 8: one per rank, so 2 ranks add exactly the
@@ -26,14 +24,6 @@ from grpoplus.trainer import train
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "threads=1", "micro_batch_size=2", "doctor_every=0"]
 
-
-@pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("nano")
-    tok = char_tokenizer()
-    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:

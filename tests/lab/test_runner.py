@@ -141,17 +141,6 @@ def test_moe_routing_runs_routing_replay_against_a_differing_sampler(tmp_path):
     assert configs["gspo"].algo.loss == "gspo" and configs["grpo_token"].algo.loss != "gspo"
 
 
-@pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory) -> str:
-    from grpoplus.models.tiny import tiny_model
-    from grpoplus.models.tokenizer import char_tokenizer
-
-    path = tmp_path_factory.mktemp("nano")
-    tok = char_tokenizer()
-    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
 
 def test_a_real_experiment_runs_through_the_trainer(nano_dir, tmp_path):
     small = (f"model={nano_dir}", "max_steps=2", "eval_every=0", "prompts_per_step=2", "group_size=4",

@@ -12,8 +12,6 @@ from safetensors.torch import load_file
 from grpoplus.build import build
 from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
-from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.trainer import train_step
 
 pytest.importorskip("peft")
@@ -21,14 +19,6 @@ pytest.importorskip("peft")
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "doctor_every=0", "micro_batch_size=8", "lora_rank=4", "lora_alpha=8"]
 
-
-@pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("nano")
-    tok = char_tokenizer()
-    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:

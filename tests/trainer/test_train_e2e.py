@@ -14,20 +14,10 @@ from safetensors.torch import load_file
 from grpoplus.algo import AlgoConfig
 from grpoplus.cli import main
 from grpoplus.metrics import read_metrics
-from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "doctor_every=2", "micro_batch_size=8"]
 
-
-@pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("nano")
-    tok = char_tokenizer()
-    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _train(*args) -> int:

@@ -1,0 +1,16 @@
+"""Fixtures shared by every test directory."""
+
+import pytest
+
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def nano_dir(tmp_path_factory) -> str:
+    """The built-in nano model (untrained, seed 0) saved as a Hugging Face model directory."""
+    path = tmp_path_factory.mktemp("nano")
+    tok = char_tokenizer()
+    tiny_model(tok, size="nano", seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
