@@ -23,12 +23,12 @@ from contextlib import nullcontext
 
 import torch
 
-from grpoplus.learner.logprobs import CHUNK_ELEMENTS, TokenLogProb
+from grpoplus.learner.logprobs import TokenLogProb, _chunks, _work_dtype
 
 
 def _row_chunks(logits: torch.Tensor) -> list[slice]:
-    rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-    return [slice(i, i + rows) for i in range(0, logits.shape[0], rows)]
+    """Row slices of ``logits`` [N, T, V] within the shared chunk budget of the log-prob path."""
+    return _chunks(logits.shape[0], logits.shape[1] * logits.shape[2])
 
 
 class TokenEntropy(torch.autograd.Function):
@@ -40,10 +40,9 @@ class TokenEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-        work = torch.promote_types(logits.dtype, torch.float32)
-        out = logits.new_empty(logits.shape[:2], dtype=work)  # [N, T]
+        out = logits.new_empty(logits.shape[:2], dtype=_work_dtype(logits.dtype))  # [N, T]
         for rows in _row_chunks(logits):
-            logp = (logits[rows].to(work) / temperature).log_softmax(-1)  # [n, T, V]
+            logp = (logits[rows].to(out.dtype) / temperature).log_softmax(-1)  # [n, T, V]
             out[rows] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, out)
         ctx.temperature = temperature
