@@ -14,3 +14,14 @@ def nano_dir(tmp_path_factory) -> str:
     tiny_model(tok, size="nano", seed=0).save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (restored after): exact comparisons and steady timings."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -25,12 +25,7 @@ from grpoplus.rollout.hf import HFEngine
 PROMPTS = ["12+3=", "7=", "100-9=", "4*5="]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,7 @@ from grpoplus.rollout import HFEngine, SamplingParams
 pytest.importorskip("peft")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lora(dtype=torch.float32, rank=4, seed=0):

@@ -17,12 +17,7 @@ from grpoplus.rollout.base import SamplingParams
 from grpoplus.rollout.hf import decode
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_batch(tok):

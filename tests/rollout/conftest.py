@@ -9,11 +9,8 @@ from grpoplus.models.tokenizer import char_tokenizer
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test of this directory on one thread."""
 
 
 @pytest.fixture
