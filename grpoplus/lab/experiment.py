@@ -64,13 +64,18 @@ class Rule:
                 f"{size}; not reproduced if no seed reaches {size}; otherwise inconclusive")
 
 
+CHECK_KINDS = ("switch", "regime", "failure")
+"""In the order a verdict tests them: the switch acted; the control ran in the regime the
+experiment needs (e.g. it kept learning); the control showed the failure the fix targets."""
+
+
 @dataclass(frozen=True)
 class Check:
     """A precondition tested in every seed: ``measure`` of ``arm`` (minus its value in ``minus``,
     the same seed, when given; its absolute value with ``absolute``) must be >= ``at_least``
     and <= ``at_most`` (either may be None)."""
 
-    kind: str  # "switch" | "failure"
+    kind: str  # "switch" | "regime" | "failure"
     measure: Measure
     arm: str
     minus: str | None = None
@@ -79,8 +84,8 @@ class Check:
     absolute: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("switch", "failure"):
-            raise ValueError(f"Check.kind must be 'switch' or 'failure', got {self.kind!r}")
+        if self.kind not in CHECK_KINDS:
+            raise ValueError(f"Check.kind must be one of {', '.join(CHECK_KINDS)}, got {self.kind!r}")
         if self.at_least is None and self.at_most is None:
             raise ValueError("a Check needs at_least or at_most")
 

@@ -4,9 +4,11 @@ A comparison's status is, in this order:
 
 1. ``switch inactive`` when a ``kind="switch"`` check fails in some seed (the paired runs do
    not differ where the switch acts: no result);
-2. ``no failure to fix`` when a ``kind="failure"`` check fails in some seed (the control arm
+2. ``regime not met`` when a ``kind="regime"`` check fails in some seed (the control arm did
+   not run in the regime the experiment needs, e.g. it stopped learning: no result);
+3. ``no failure to fix`` when a ``kind="failure"`` check fails in some seed (the control arm
    never showed the failure the fix exists for: no result);
-3. otherwise the :class:`~grpoplus.lab.experiment.Rule` on the per-seed effects:
+4. otherwise the :class:`~grpoplus.lab.experiment.Rule` on the per-seed effects:
    ``reproduced``, ``not reproduced`` or ``inconclusive``.
 
 Seeds are paired: seed ``s`` of the treatment is compared with seed ``s`` of the control
@@ -20,12 +22,13 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grpoplus.lab.experiment import Check, Comparison, Experiment, Measure, Rule
+from grpoplus.lab.experiment import CHECK_KINDS, Check, Comparison, Experiment, Measure, Rule
 from grpoplus.lab.measures import LabRun
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
-SWITCH_INACTIVE, NO_FAILURE = "switch inactive", "no failure to fix"
-STATUSES = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, SWITCH_INACTIVE, NO_FAILURE)
+SWITCH_INACTIVE, REGIME_NOT_MET, NO_FAILURE = "switch inactive", "regime not met", "no failure to fix"
+STATUSES = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, SWITCH_INACTIVE, REGIME_NOT_MET, NO_FAILURE)
+_CHECK_STATUS = {"switch": SWITCH_INACTIVE, "regime": REGIME_NOT_MET, "failure": NO_FAILURE}
 
 Runs = dict[str, dict[int, LabRun]]
 """arm -> seed -> finished run."""
@@ -98,11 +101,10 @@ def judge(comparison: Comparison, runs: Runs) -> ComparisonVerdict:
     treatment = measure_arm(comparison.effect, runs, comparison.treatment, seeds)
     effects = [_effect(t, c, comparison.relative) for t, c in zip(treatment, control)]
     checks = [run_check(ch, runs, seeds) for ch in comparison.checks]
-    failed = {kind: [c for c in checks if c.kind == kind and not c.passed] for kind in ("switch", "failure")}
-    if failed["switch"]:
-        status, reason = SWITCH_INACTIVE, _failed_text(failed["switch"])
-    elif failed["failure"]:
-        status, reason = NO_FAILURE, _failed_text(failed["failure"])
+    failed = next(([c for c in checks if c.kind == kind and not c.passed] for kind in CHECK_KINDS
+                   if any(c.kind == kind and not c.passed for c in checks)), [])
+    if failed:
+        status, reason = _CHECK_STATUS[failed[0].kind], _failed_text(failed)
     else:
         status, reason = apply_rule(comparison.rule, effects)
     return ComparisonVerdict(comparison.claim, comparison.control, comparison.treatment, comparison.effect.label,

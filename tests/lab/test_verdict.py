@@ -5,7 +5,8 @@ import math
 import pytest
 
 from grpoplus.lab import Check, Comparison, Measure, Rule, judge
-from grpoplus.lab.verdict import INCONCLUSIVE, NO_FAILURE, NOT_REPRODUCED, REPRODUCED, SWITCH_INACTIVE, apply_rule
+from grpoplus.lab.verdict import (INCONCLUSIVE, NO_FAILURE, NOT_REPRODUCED, REGIME_NOT_MET, REPRODUCED, SWITCH_INACTIVE,
+                                  apply_rule)
 
 ENTROPY = Measure("tail_mean", "entropy", {"key": "entropy", "frac": 1.0})
 CLIP = Measure("tail_mean", "clip", {"key": "clip", "frac": 1.0})
@@ -73,6 +74,19 @@ def test_a_control_without_the_failure_is_no_result(make_run):
     failure = Check("failure", ENTROPY, arm="c", at_most=0.32)  # the control's entropy stayed above 0.32 in 2 seeds
     v = judge(_comparison(switch, failure), runs)
     assert v.status == NO_FAILURE and [c.passed for c in v.checks] == [True, False]
+
+
+def test_a_control_off_its_regime_is_no_result_before_the_failure_check(make_run):
+    # the control's entropy fell (the failure check holds) but the regime check does not: no result, said as such
+    runs = _runs(make_run, [0.30, 0.40, 0.35], [0.35, 0.43, 0.42])
+    switch = Check("switch", CLIP, arm="c", minus="t", at_least=1e-3)
+    regime = Check("regime", ENTROPY, arm="c", at_least=0.36)  # seed 0 and seed 2 below
+    failure = Check("failure", ENTROPY, arm="c", at_most=0.5)
+    v = judge(_comparison(switch, failure, regime), runs)
+    assert v.status == REGIME_NOT_MET and [c.passed for c in v.checks] == [True, True, False]
+    assert "of c >= 0.36" in v.reason
+    with pytest.raises(ValueError, match="Check.kind must be one of switch, regime, failure"):
+        Check("sanity", ENTROPY, arm="c", at_least=0.0)
 
 
 def test_relative_effects(make_run):
