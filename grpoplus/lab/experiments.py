@@ -91,7 +91,7 @@ register(Experiment(
     source="Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training' (TIS); "
            "FlashRL (int8 rollouts + TIS)",
     preset="dapo",
-    base=("max_steps=60", "eval_every=10", "dynamic_sampling=false"),
+    base=("max_steps=150", "eval_every=10", "dynamic_sampling=false"),
     arms=(Arm("fp32", ("quantization=none",)), Arm("int8", ("quantization=int8",)),
           Arm("int8_tis", ("quantization=int8", "corrections=[tis_token]"))),
     comparisons=(
@@ -119,7 +119,7 @@ register(Experiment(
     title="Dynamic sampling trains on groups with a gradient: more accuracy per step, at a sampling cost",
     source="DAPO (arXiv:2503.14476) sec. 3.2: zero-spread groups carry no gradient; over-sample and refill",
     preset="dapo",
-    base=("max_steps=60", "eval_every=10"),
+    base=("max_steps=150", "eval_every=10"),
     arms=(Arm("none", ("dynamic_sampling=false",)), Arm("dynamic", ("dynamic_sampling=true",))),
     comparisons=(
         Comparison(
@@ -169,7 +169,7 @@ register(Experiment(
 ))
 
 # -- (f) MoE routing: token-level GRPO vs routing replay R2 / R3 vs GSPO ----------------------------
-_MOE_ARM = ("aggregation=token_mean", "num_minibatches=4")
+_MOE_ARM = ("aggregation=token_mean",)
 _RATIO = tail("loss/ratio_max")
 _FLIPS = tail("moe/routing_mismatch")
 
@@ -188,7 +188,8 @@ register(Experiment(
     source="GSPO (arXiv:2507.18071) sec. 5.3 (Routing Replay); R3 (Ma et al. 2025, 'Stabilizing MoE RL by "
            "aligning training and inference routers', arXiv:2510.11370)",
     preset="grpo",
-    base=("model=tiny-moe", "task=arithmetic", "beta=0", "quantization=bf16_rounded", "max_steps=40", "eval_every=10"),
+    base=("model=tiny-moe", "task=arithmetic", "beta=0", "quantization=int8", "num_minibatches=8", "num_iterations=2",
+          "max_steps=30", "eval_every=10"),
     arms=(Arm("grpo_token", _MOE_ARM), Arm("grpo_r2", (*_MOE_ARM, "routing_replay=r2")),
           Arm("grpo_r3", (*_MOE_ARM, "routing_replay=r3")), Arm("gspo", preset="gspo")),
     comparisons=(
@@ -202,11 +203,13 @@ register(Experiment(
                           at_least=1e-3),
                     Check("failure", _FLIPS, arm="grpo_token", at_least=1e-3))),
     ),
-    regime="the tiny Qwen3-MoE (4 experts, top-2) with 4 mini-batch updates per rollout batch, so routing can flip "
-           "between pi_old and the later updates, and a sampler whose weights are rounded to bf16, so the sampler's "
-           "routing differs from the learner's and R3 (the sampler's experts) differs from R2 (the learner's at "
-           "pi_old); the control must flip at least 0.1% of its token-layer expert choices "
-           "(moe/routing_mismatch) for replay to have anything to fix, and each replay arm must override as many",
+    regime="the tiny Qwen3-MoE (4 experts, top-2) with 16 optimizer steps per rollout batch (8 mini-batches x 2 "
+           "passes, every arm), so routing can flip between pi_old and the later updates, and a sampler with int8 "
+           "kernels (its router too), so the sampler's routing differs from the learner's and R3 (the sampler's "
+           "experts) differs from R2 (the learner's at pi_old); the control must flip at least 0.1% of its "
+           "token-layer expert choices (moe/routing_mismatch) for replay to have anything to fix, and each replay "
+           "arm must override as many. (With bf16-rounded sampler weights and 4 updates per batch, 40 steps, the "
+           "control flipped 0.09-0.29%: too few in one seed.)",
     plots=("loss/ratio_max", "loss/approx_kl", "loss/clip_frac_low", "moe/routing_mismatch",
            "moe/routing_mismatch_first", "eval/accuracy"),
     report=(ACCURACY, tail("loss/ratio_mean"), tail("loss/clip_frac_low"), tail("loss/clip_frac_high"),
