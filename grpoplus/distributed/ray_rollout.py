@@ -114,7 +114,7 @@ class RayRolloutEngine:
                 return wait(ref, self.timeout_s, role, f"sampling {len(request[0])} prompts")
             except RoleDied as err:
                 if attempt == self.max_restarts:
-                    raise
+                    raise RoleDied(_gave_up(err, role, self.max_restarts)) from err.__cause__
                 attempt += 1
                 print(f"grpoplus: {role} died ({first_line(err.__cause__)}); waiting for its restart, then sending "
                       "its request again", file=sys.stderr)
@@ -135,6 +135,15 @@ class RayRolloutEngine:
                 if not isinstance(err.__cause__, ray.exceptions.ActorUnavailableError) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def _gave_up(err: RoleDied, role: str, max_restarts: int) -> str:
+    """The death that ends the run: the role's own message, with the restart budget it used up."""
+    what, _, hint = str(err).partition("; ")
+    used = f"its {max_restarts} restart(s) (ray.max_restarts={max_restarts}) are used up" if max_restarts else \
+        "ray.max_restarts=0 allows no restart"
+    return (f"{what}, and {used}: raise ray.max_restarts, or read the worker's log (Ray's session logs, "
+            f"/tmp/ray/session_latest/logs) for why it died; {hint}")
 
 
 def _states(state: torch.Tensor, parts: int) -> list[torch.Tensor]:

@@ -1,6 +1,7 @@
 """cluster=ray on a local Ray instance (2 CPUs): one rollout worker and two learner ranks train exactly
 like one process; with two rollout workers, a worker killed mid-run is restarted and the run ends
-exactly as the uninterrupted one (no step lost or repeated)."""
+exactly as the uninterrupted one (no step lost or repeated); one that dies past ray.max_restarts ends
+the run with a one-line error at once, and resume finishes it as the uninterrupted run."""
 
 import os
 import signal
@@ -33,6 +34,11 @@ def ray_instance():
 
 def _run(nano_dir: str, out: Path, *overrides: str) -> list[dict]:
     train(build_config("dapo", None, [f"model={nano_dir}", f"out={out}", "max_steps=4", *SMALL, *overrides]))
+    return _records(out)
+
+
+def _records(out: Path) -> list[dict]:
+    """Every metric of every step, time aside."""
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in read_metrics(out)]
 
 
@@ -55,10 +61,10 @@ def test_one_rollout_worker_and_two_learner_ranks_train_exactly_like_one_process
     assert _equal(_final(tmp_path / "ray")[1], _final(tmp_path / "local")[1])
 
 
-def _kill_a_worker_mid_request(run_dir: Path, killed: list, stop: threading.Event) -> None:
-    """Once step 1 is logged, SIGKILL a rollout worker process while it serves a generate request."""
+def _kill_a_worker_mid_request(run_dir: Path, killed: list, stop: threading.Event, after_step: int = 1) -> None:
+    """Once ``after_step`` is logged, SIGKILL a rollout worker process while it serves a generate request."""
     while not stop.is_set() and not (run_dir / "metrics.jsonl").is_file() or \
-            len((run_dir / "metrics.jsonl").read_text().splitlines()) < 2:
+            len((run_dir / "metrics.jsonl").read_text().splitlines()) < after_step + 1:
         if stop.wait(0.05):
             return
     while not stop.is_set():
@@ -94,6 +100,41 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(na
     assert interrupted == straight
     assert _final(tmp_path / "killed")[0] == _final(tmp_path / "straight")[0]  # sampler position
     assert _equal(_final(tmp_path / "killed")[1], _final(tmp_path / "straight")[1])
+
+
+def test_a_rollout_worker_that_dies_past_its_restarts_ends_the_run_in_one_line_and_resume_finishes_it(
+        nano_dir, tmp_path):
+    from grpoplus.distributed.ray_cluster import RoleDied
+    from grpoplus.trainer import resume_config
+
+    overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
+    straight = _run(nano_dir, tmp_path / "straight", *overrides)
+    run_dir, killed, stop = tmp_path / "gave_up", [], threading.Event()
+    killer = threading.Thread(target=_kill_a_worker_mid_request, args=(run_dir, killed, stop, 2))  # saved at 2
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RoleDied) as err:
+            _run(nano_dir, run_dir, *overrides, "ray.max_restarts=0")
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        killer.join()
+    message = str(err.value)
+    assert killed and "\n" not in message
+    assert message.startswith("rollout worker ") and "died during sampling" in message
+    assert "ray.max_restarts=0 allows no restart: raise ray.max_restarts" in message
+    assert "continue with `grpoplus train --resume RUN`" in message
+    assert took < 200  # the death is seen at once, not after ray.timeout_s=300 of silence
+    # the run directory kept its last complete checkpoint, and resume ends where the uninterrupted run did
+    assert ckpt.latest_checkpoint(run_dir) is not None
+    cfg = resume_config(str(run_dir), [])
+    cfg.run.out = str(run_dir)
+    train(cfg, resume=True)
+    resumed = _records(run_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4] and resumed == straight
+    assert _final(run_dir)[0] == _final(tmp_path / "straight")[0]
+    assert _equal(_final(run_dir)[1], _final(tmp_path / "straight")[1])
 
 
 def test_roles_that_cannot_fit_the_cluster_are_an_error_before_any_actor_starts(nano_dir, tmp_path):
