@@ -39,7 +39,7 @@ register(Experiment(
     title="Clip-higher keeps the policy's token entropy up",
     source="DAPO (arXiv:2503.14476) sec. 3.1: with a symmetric clip the entropy collapses; eps_high=0.28 prevents it",
     preset="dapo",
-    base=("num_minibatches=8", "num_iterations=2", "max_steps=60", "eval_every=10", "dynamic_sampling=false"),
+    base=("num_minibatches=8", "num_iterations=2", "max_steps=150", "eval_every=10", "dynamic_sampling=false"),
     arms=(Arm("symmetric", ("eps_high=0.2",)), Arm("clip_higher", ("eps_high=0.28",))),
     comparisons=(Comparison(
         claim="clip-higher keeps token entropy higher than the symmetric clip",
