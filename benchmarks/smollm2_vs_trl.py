@@ -114,11 +114,11 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
 
     cfg = build_config("dapo", overrides=[
         f"model={model_dir}", "task=wordproblems", f"prompts_per_step={PROMPTS}", f"group_size={GROUP}",
-        f"max_new_tokens={NEW_TOKENS}", "dynamic_sampling=false", "overlong_shaping=false", "eps_high=0.2",
+        f"max_new_tokens={NEW_TOKENS}", "dynamic_sampling=false", "overlong_shaping=false", "eps_high=0.2", "num_minibatches=1", "num_iterations=1",
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
     c = build(cfg)
-    full = [p for p in c.model.parameters()]
+    full = [p for p in c.learner.parts.model.parameters()]
     params = sum(p.numel() for p in full)
     weight_bytes = sum(p.numel() * p.element_size() for p in full)
     trainable = sum(p.numel() for p in full if p.requires_grad)
@@ -129,7 +129,7 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
         times.append(time.perf_counter() - t0)
         r = scored.rollouts
         rows.append({"rollout_s": metrics["time/rollout_s"], "learner_s": metrics["time/learner_s"],
-                     "learner_tokens": float(r.prompt_mask.sum() + r.response_mask.sum()),
+                     "learner_tokens": float(computed_tokens(r, cfg.learner.share_prompts)),
                      "decode_steps": r.response_ids.shape[1], "reward": metrics.get("reward/mean", float("nan"))})
     c.close()
     kept = rows[warmup:] or rows
@@ -143,6 +143,14 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
             "learner_mfu": round(flops_per * params * med["learner_tokens"] / med["learner_s"] / PEAK_GFLOPS / 1e9, 3),
             "decode_bw_fraction": round(weight_bytes * med["decode_steps"] / PEAK_GBS / 1e9 / med["rollout_s"], 3),
             "reward_mean": round(med["reward"], 3)}
+
+
+def computed_tokens(r, share_prompts: bool) -> int:
+    """Real tokens the learner forwards: every row's prompt and response, or with ``learner.share_prompts`` each
+    distinct prompt once (the micro-batch of 16 rows holds whole groups) and every response."""
+    rows = torch.cat([r.prompt_ids * r.prompt_mask, r.prompt_mask], 1)
+    prompts = torch.unique(rows, dim=0) if share_prompts else rows
+    return int(prompts[:, r.prompt_ids.shape[1]:].sum()) + int(r.response_mask.sum())
 
 
 def summary(path: str) -> None:

@@ -125,7 +125,8 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0),
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
-                       reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0)
+                       reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
+                       share_prompts=lrn.share_prompts)
 
 
 def logp_old_source(cfg: Config) -> str:

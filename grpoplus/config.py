@@ -156,6 +156,10 @@ class LearnerConfig:
     micro_batch_tokens: int = 0
     """> 0: form micro-batches by a token budget instead (rows x padded width <= this; rows of similar
     length together, so little padding is computed); 0 = micro_batch_size rows in order."""
+    share_prompts: bool = True
+    """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
+    G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
+    numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
     logp_old: str = "auto"
     """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
     update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch

@@ -9,7 +9,8 @@ never held. For the architectures in :data:`HEAD_MODEL_TYPES` the model body run
 (:func:`body_hidden_states`) and :class:`ChunkedHeadLogProb` applies the LM head to the
 hidden states of the response tokens only (prompt and padding positions never reach the
 head), chunk by chunk: forward keeps ``logsumexp`` per token, backward recomputes each
-chunk's logits and accumulates ``d hidden`` and ``d head.weight``. Other models (a head
+chunk's logits and accumulates ``d hidden`` and ``d head.weight``. On that path rows that
+share a prompt (a GRPO group) compute it once (:mod:`~grpoplus.learner.shared_prompt`). Other models (a head
 with a bias, a logit soft-cap or scale, hooks on the head) take the logits path: the
 model's own logits, then :class:`TokenLogProb` over row chunks.
 """
@@ -21,6 +22,7 @@ from functools import partial
 
 import torch
 
+from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.lora import compute_module
 from grpoplus.rollout.base import Rollouts
 
@@ -155,10 +157,14 @@ def body_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attentio
                        use_cache=False).last_hidden_state
 
 
-def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy):
+def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
+               share_prompts=False):
     """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only."""
     t1 = tokens.shape[1]
-    hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
+    hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1) \
+        if share_prompts else None
+    if hidden is None:
+        hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
     where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
     logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden[where], head.weight, tokens[where], temperature,
                                                  with_entropy)  # [M]
@@ -178,7 +184,7 @@ def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, t
 
 
 def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                  routing=None):
+                  routing=None, share_prompts=False):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
@@ -197,7 +203,8 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
             with_entropy)
     # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
     with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
-        logp, entropy = _head_path(model, head, *args) if head is not None else _logits_path(model, *args)
+        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts and routing is None) \
+            if head is not None else _logits_path(model, *args)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
@@ -205,8 +212,8 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
 
 def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
+                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -222,6 +229,8 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
             memory for no-grad scoring; under grad all activations are kept anyway).
         routing: MoE routing of the forwards (a ``grpoplus.learner.replay.LearnerRouting``, called
             with each forward's row slice and input-column slice); None: the router's own choice.
+        share_prompts: compute each distinct prompt of a forward once (:mod:`grpoplus.learner.shared_prompt`)
+            where the model allows it (head path, no routing replay); False: every row's full sequence.
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).
@@ -238,7 +247,7 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
                            response_mask[i:i + step], temperature, with_entropy,
-                           None if routing is None else partial(routing, slice(i, i + step)))
+                           None if routing is None else partial(routing, slice(i, i + step)), share_prompts)
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

@@ -39,6 +39,7 @@ class LearnerPlan:
     seed: int = 0  # the run seed: with the optimizer step's index it seeds Clip-Cov's token subset
     reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
     reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
+    share_prompts: bool = True  # each distinct prompt of a forward computed once (grpoplus.learner.shared_prompt)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -86,7 +87,8 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
     logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
                                       rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                       temperature=plan.temperature, with_entropy=with_entropy,
-                                      micro_batch_size=plan.micro_batch_size, routing=routing)
+                                      micro_batch_size=plan.micro_batch_size, routing=routing,
+                                      share_prompts=plan.share_prompts)
     return logp.cpu(), None if entropy is None else entropy.cpu()
 
 

@@ -126,7 +126,8 @@ def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entro
         return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                              mb.response_mask, temperature=plan.temperature, routing=routing)
     return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                             temperature=plan.temperature, with_entropy=with_entropy, routing=routing)
+                             temperature=plan.temperature, with_entropy=with_entropy, routing=routing,
+                             share_prompts=plan.share_prompts)
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
