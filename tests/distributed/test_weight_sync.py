@@ -5,6 +5,7 @@ errors within a bounded time."""
 
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -75,23 +76,28 @@ def test_a_member_that_never_joins_is_a_one_line_error_within_the_time_limit():
     assert "did not form within 3 s" in message and "ray.weight_sync=object_store" in message
 
 
-def test_a_worker_killed_during_the_run_ends_it_in_one_line_within_a_bounded_time(nano_dir, tmp_path):
-    from grpoplus.distributed.ray_cluster import RoleDied
-
-    run_dir, killed, stop = tmp_path / "killed", [], threading.Event()
+@contextmanager
+def _killing_a_worker(run_dir):
+    """A thread that SIGKILLs a rollout worker mid-request once step 1 is logged; yields the pids it killed."""
+    killed, stop = [], threading.Event()
     killer = threading.Thread(target=_kill_a_worker_mid_request, args=(run_dir, killed, stop))
     killer.start()
-    started = time.monotonic()
     try:
-        with pytest.raises(RoleDied) as err:  # ray.max_restarts=3 (the default) cannot help this sync
-            train(_config(nano_dir, run_dir, *TWO_WORKERS, "ray.weight_sync=collective"))
-        took = time.monotonic() - started
+        yield killed
     finally:
         stop.set()
         killer.join()
+
+
+def test_a_worker_killed_during_the_run_ends_it_in_one_line_within_a_bounded_time(nano_dir, tmp_path):
+    from grpoplus.distributed.ray_cluster import RoleDied
+
+    started = time.monotonic()
+    with _killing_a_worker(tmp_path / "killed") as killed, pytest.raises(RoleDied) as err:
+        train(_config(nano_dir, tmp_path / "killed", *TWO_WORKERS, "ray.weight_sync=collective"))  # max_restarts=3
+    assert time.monotonic() - started < 200  # seen at once, not after ray.timeout_s=300 of silence
     message = str(err.value)
     assert killed and "\n" not in message
     assert message.startswith("rollout worker ") and "died during sampling" in message
     assert "ray.weight_sync=collective cannot re-form the weight-sync group" in message
     assert "set ray.weight_sync=object_store" in message and "--resume RUN" in message
-    assert took < 200  # seen at once, not after ray.timeout_s=300 of silence
