@@ -189,7 +189,7 @@ def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -
     config, weights = cfg.to_dict(), ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
     engine = RayRolloutEngine(config, weights, r.workers, r.engine, tokenizer.pad_token_id, seed=cfg.run.seed,
                               gpu=gpu, max_restarts=rc.max_restarts, timeout_s=r.engine_timeout_s,
-                              start_timeout_s=rc.timeout_s)
+                              start_timeout_s=rc.timeout_s, collective=rc.weight_sync == "collective")
     components = reward_components(cfg, task)
     scorer = RayScorer(components, train, cfg.data.reward_workers, cfg.data.reward_timeout_s, rc.timeout_s)
     collect_plan = build_collect_plan(cfg, tokenizer)
@@ -198,6 +198,8 @@ def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -
     targets = (engine,) if r.max_staleness == 0 else (collector,)
     learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, reward_weights(components), gpu=gpu,
                               timeout_s=rc.timeout_s)
+    if rc.weight_sync == "collective":
+        learner.form_weight_sync(engine.actors, lrn.collective_timeout_s)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
                       collect_plan, learner, collector, cluster)
 

@@ -195,7 +195,12 @@ class RayConfig:
     """Longest to wait for a role's actor to start, or for a call without a time limit of its own
     (reward scoring, a learner step, a checkpoint) before the run stops with an error naming it."""
     max_restarts: int = 3
-    """Restarts of a rollout worker that dies; its request is sent again, so no step is lost."""
+    """Restarts of a rollout worker that dies; its request is sent again, so no step is lost
+    (weight_sync=object_store; with collective a worker that dies ends the run)."""
+    weight_sync: str = "object_store"
+    """How learner rank 0's weights reach the rollout workers after each update: object_store (Ray's object
+    store; dead workers are restarted) | collective (a broadcast in a torch.distributed group of rank 0 and the
+    workers, gloo on CPU, NCCL on GPUs, each bounded by learner.collective_timeout_s)."""
 
 
 SECTIONS: dict[str, type] = {
@@ -214,6 +219,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
     "run.cluster": ("local", "ray"),
+    "ray.weight_sync": ("object_store", "collective"),
 }
 
 

@@ -103,7 +103,7 @@ class RankGroup:
         for p in live:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        for bucket in _buckets([p.grad for p in live]):
+        for bucket in buckets([p.grad for p in live]):
             flat = torch.cat([g.reshape(-1) for g in bucket])
             self._call("the gradient all-reduce", lambda: dist.all_reduce(flat))
             for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
@@ -144,17 +144,17 @@ class RankGroup:
                             f"; another learner rank died or stopped answering (see its log); {RESUME_HINT}") from err
 
 
-def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Consecutive gradients of one dtype, at most ``BUCKET_ELEMENTS`` per bucket (a larger one alone)."""
-    buckets: list[list[torch.Tensor]] = []
+def buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive tensors (gradients, weights) of one dtype, at most ``BUCKET_ELEMENTS`` per bucket (a larger one alone)."""
+    out: list[list[torch.Tensor]] = []
     size = 0
     for g in grads:
-        if not buckets or buckets[-1][0].dtype != g.dtype or size + g.numel() > BUCKET_ELEMENTS:
-            buckets.append([])
+        if not out or out[-1][0].dtype != g.dtype or size + g.numel() > BUCKET_ELEMENTS:
+            out.append([])
             size = 0
-        buckets[-1].append(g)
+        out[-1].append(g)
         size += g.numel()
-    return buckets
+    return out
 
 
 def _on_cpu(obj):

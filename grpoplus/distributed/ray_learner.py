@@ -4,8 +4,9 @@ Rank 0 runs the same :class:`~grpoplus.distributed.learner.Learner` as a local r
 the batch, sends it to the other ranks, updates, writes checkpoints) and is placed on the
 driver's node, so the run directory it writes is the driver's; ranks 1..N-1 run
 :func:`~grpoplus.distributed.learner.follow`. After each update rank 0's weights go to the
-object store and from there to the rollout workers; on GPUs they stay in the same format
-(a state dict of CPU tensors), see NOTES for the NCCL path.
+rollout workers: through the object store (a state dict of CPU tensors), or with
+``ray.weight_sync=collective`` by broadcast in a group of their own
+(:mod:`~grpoplus.distributed.weight_sync`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from grpoplus.containers import ScoredGroups, UpdateResult
 from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
 from grpoplus.distributed.learner import Learner, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
+from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
 
 
 @ray.remote
@@ -59,6 +61,12 @@ class LearnerRank:
     def learn(self, scored: ScoredGroups, step: int) -> UpdateResult:
         return self.learner.learn(scored, step)
 
+    def join_weight_sync(self, address: str, world: int, timeout_s: float) -> None:
+        self.weights_out = WeightGroup.join(address, 0, world, self.parts.model, timeout_s, "learner rank 0")
+
+    def send_weights(self) -> None:
+        self.weights_out.broadcast(self.parts.model)
+
     def weights(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.parts.model.state_dict().items()}
 
@@ -79,6 +87,7 @@ class RayLearnerGroup:
     def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple, *,
                  gpu: bool, timeout_s: float):
         self.targets, self.timeout_s = targets, timeout_s
+        self.broadcast: Broadcast | None = None  # set by form_weight_sync (ray.weight_sync=collective)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
                                            scheduling_strategy=here if rank == 0 else "DEFAULT")
@@ -94,8 +103,12 @@ class RayLearnerGroup:
     def learn(self, scored: ScoredGroups, step: int) -> UpdateResult:
         return self._wait(self.actors[0].learn.remote(scored, step), 0, f"the update of step {step}")
 
+    def form_weight_sync(self, workers: list, collective_timeout_s: float) -> None:
+        """From now on rank 0 broadcasts its weights to the rollout ``workers`` (actors) in a group of their own."""
+        self.broadcast = Broadcast.form(self.actors[0], workers, collective_timeout_s, self.timeout_s)
+
     def publish(self, version: int) -> None:
-        weights = self.actors[0].weights.remote()  # an object-store reference: the driver never holds them
+        weights = self.broadcast or self.actors[0].weights.remote()  # an object-store reference: never in the driver
         for target in self.targets:
             target.sync_weights(weights, version)
 

@@ -11,13 +11,16 @@ samples the same responses.
 
 A worker that dies is restarted by Ray (``ray.max_restarts``); the request it was serving is
 sent again to the restarted worker after the newest weights, with the same random state, so
-the step's data is what it would have been: no step is lost or sampled twice.
+the step's data is what it would have been: no step is lost or sampled twice. With
+``ray.weight_sync=collective`` the weights come by broadcast from learner rank 0
+(:mod:`~grpoplus.distributed.weight_sync`) and a worker that dies ends the run instead.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import ray
@@ -27,6 +30,7 @@ import torch
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.distributed.group import first_line
 from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
+from grpoplus.distributed.weight_sync import Broadcast, WeightGroup, cannot_restart
 
 
 @ray.remote
@@ -58,19 +62,29 @@ class RolloutWorker:
         self.model.load_state_dict(weights)
         self.engine.sync_weights(self.model, version)
 
+    def join_weight_sync(self, address: str, rank: int, world: int, timeout_s: float) -> None:
+        self.weights_in = WeightGroup.join(address, rank, world, self.model, timeout_s, f"rollout worker {rank - 1}")
+
+    def receive_weights(self, version: int) -> None:
+        self.weights_in.broadcast(self.model)
+        self.engine.sync_weights(self.model, version)
+
 
 class RayRolloutEngine:
     """K rollout workers as one rollout engine.
 
-    ``sync_weights`` takes the learner's module, or an object-store reference to its state dict
-    (how learner rank 0 hands them over on Ray); workers take them before their next request.
+    ``sync_weights`` takes the learner's module, an object-store reference to its state dict
+    (how learner rank 0 hands them over on Ray), or the :class:`Broadcast` of ``collective``
+    weight sync; workers take them before their next request.
     """
 
     def __init__(self, config: dict, weights: "ray.ObjectRef", workers: int, engine: str, pad_id: int, *, seed: int,
-                 gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float):
+                 gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
         self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
-        self.timeout_s, self.start_timeout_s, self.max_restarts = timeout_s, start_timeout_s, max_restarts
-        self.actors = [RolloutWorker.options(max_restarts=max_restarts, max_task_retries=0, **role_resources(gpu))
+        self.timeout_s, self.start_timeout_s, self.collective = timeout_s, start_timeout_s, collective
+        self.max_restarts = 0 if collective else max_restarts  # a restarted worker cannot rejoin the broadcast group
+        self._busy = threading.Lock()  # held by a request: a broadcast waits for the one in flight (bounded staleness)
+        self.actors = [RolloutWorker.options(max_restarts=self.max_restarts, max_task_retries=0, **role_resources(gpu))
                        .remote(config) for _ in range(workers)]
         self.restarts = 0
         self.sync_weights(weights, 0)  # self._weights: the newest, sent again to a restarted worker
@@ -79,6 +93,11 @@ class RayRolloutEngine:
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
                  generator: torch.Generator | None = None) -> Rollouts:
+        with self._busy:
+            return self._generate(prompts, params, prompt_index, generator)
+
+    def _generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None,
+                  generator: torch.Generator | None) -> Rollouts:
         index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
         stream = generator if generator is not None else torch.Generator().manual_seed(self.seed)
         parts = [p.tolist() for p in torch.tensor_split(torch.arange(len(prompts)), len(self.actors)) if len(p)]
@@ -92,6 +111,10 @@ class RayRolloutEngine:
         return Rollouts.concat([rollouts for rollouts, _ in results], self.pad_id)
 
     def sync_weights(self, weights, version: int) -> None:
+        if isinstance(weights, Broadcast):
+            with self._busy:  # every worker must be idle to take part in the broadcast
+                weights.push(version)
+            return
         if not isinstance(weights, ray.ObjectRef):
             weights = ray.put({k: v.detach().cpu() for k, v in weights.state_dict().items()})
         self._weights = (weights, version)
@@ -113,6 +136,8 @@ class RayRolloutEngine:
             try:
                 return wait(ref, self.timeout_s, role, f"sampling {len(request[0])} prompts")
             except RoleDied as err:
+                if self.collective:
+                    raise RoleDied(cannot_restart(err)) from err.__cause__
                 if attempt == self.max_restarts:
                     raise RoleDied(_gave_up(err, role, self.max_restarts)) from err.__cause__
                 attempt += 1
