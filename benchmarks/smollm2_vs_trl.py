@@ -114,7 +114,8 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
 
     cfg = build_config("dapo", overrides=[
         f"model={model_dir}", "task=wordproblems", f"prompts_per_step={PROMPTS}", f"group_size={GROUP}",
-        f"max_new_tokens={NEW_TOKENS}", "dynamic_sampling=false", "overlong_shaping=false", "eps_high=0.2", "num_minibatches=1", "num_iterations=1",
+        f"max_new_tokens={NEW_TOKENS}", "dynamic_sampling=false", "overlong_shaping=false", "eps_high=0.2",
+        "num_minibatches=1", "num_iterations=1",  # one update per batch (the dapo preset takes 4)
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
     c = build(cfg)

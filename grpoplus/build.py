@@ -344,9 +344,9 @@ def build_optimizer(cfg: Config, model):
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel (CPU and CUDA) updates each tensor in one pass: no temporary copy of every parameter
     # (the foreach path's peak) and several times faster on a CPU; elsewhere the foreach path.
-    fused = {"fused": True} if params and params[0].device.type in ("cpu", "cuda") else {"foreach": True}
+    kernel = {"fused": True} if params and params[0].device.type in ("cpu", "cuda") else {"foreach": True}
     optimizer = torch.optim.AdamW(params, lr=lr.lr, weight_decay=lr.weight_decay,
-                                  betas=(lr.adam_beta1, lr.adam_beta2), **fused)
+                                  betas=(lr.adam_beta1, lr.adam_beta2), **kernel)
 
     def factor(step: int) -> float:
         if step < warmup:

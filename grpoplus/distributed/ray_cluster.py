@@ -20,7 +20,12 @@ PROBE_TIMEOUT_S = 30.0  # longest to wait for a cluster address to accept a TCP 
 
 
 class RoleDied(RoleError):
-    """The process of a role (a Ray actor) died."""
+    """The process of a role (a Ray actor) died: ``"<role> died during <what> (<cause>); <resume hint>"``."""
+
+    def with_fix(self, fix: str) -> "RoleDied":
+        """The same death with ``fix`` (what to do) between its description and the resume hint."""
+        what, _, hint = str(self).partition("; ")
+        return RoleDied(f"{what}{fix}; {hint}")
 
 
 class Cluster:

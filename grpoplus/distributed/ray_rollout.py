@@ -137,9 +137,9 @@ class RayRolloutEngine:
                 return wait(ref, self.timeout_s, role, f"sampling {len(request[0])} prompts")
             except RoleDied as err:
                 if self.collective:
-                    raise RoleDied(cannot_restart(err)) from err.__cause__
+                    raise cannot_restart(err) from err.__cause__
                 if attempt == self.max_restarts:
-                    raise RoleDied(_gave_up(err, role, self.max_restarts)) from err.__cause__
+                    raise _gave_up(err, self.max_restarts) from err.__cause__
                 attempt += 1
                 print(f"grpoplus: {role} died ({first_line(err.__cause__)}); waiting for its restart, then sending "
                       "its request again", file=sys.stderr)
@@ -162,13 +162,12 @@ class RayRolloutEngine:
                 time.sleep(0.5)
 
 
-def _gave_up(err: RoleDied, role: str, max_restarts: int) -> str:
+def _gave_up(err: RoleDied, max_restarts: int) -> RoleDied:
     """The death that ends the run: the role's own message, with the restart budget it used up."""
-    what, _, hint = str(err).partition("; ")
     used = f"its {max_restarts} restart(s) (ray.max_restarts={max_restarts}) are used up" if max_restarts else \
         "ray.max_restarts=0 allows no restart"
-    return (f"{what}, and {used}: raise ray.max_restarts, or read the worker's log (Ray's session logs, "
-            f"/tmp/ray/session_latest/logs) for why it died; {hint}")
+    return err.with_fix(f", and {used}: raise ray.max_restarts, or read the worker's log (Ray's session logs, "
+                        "/tmp/ray/session_latest/logs) for why it died")
 
 
 def _states(state: torch.Tensor, parts: int) -> list[torch.Tensor]:

@@ -127,15 +127,14 @@ class Broadcast:
             try:
                 wait(ref, self.wait_s, f"rollout worker {i}", what)
             except RoleDied as err:
-                raise RoleDied(cannot_restart(err)) from err.__cause__
+                raise cannot_restart(err) from err.__cause__
         wait(sent, self.wait_s, "learner rank 0", what)
 
 
-def cannot_restart(err: RoleDied) -> str:
+def cannot_restart(err: RoleDied) -> RoleDied:
     """The death of a rollout worker under ``ray.weight_sync=collective``: the run ends, in one line."""
-    what, _, hint = str(err).partition("; ")
-    return (f"{what}; ray.weight_sync=collective cannot re-form the weight-sync group with a restarted worker: set "
-            f"ray.weight_sync=object_store to have dead rollout workers restarted (ray.max_restarts); {hint}")
+    return err.with_fix("; ray.weight_sync=collective cannot re-form the weight-sync group with a restarted worker: "
+                        "set ray.weight_sync=object_store to have dead rollout workers restarted (ray.max_restarts)")
 
 
 def _layout(module: torch.nn.Module) -> list[int]:

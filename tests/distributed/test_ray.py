@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,17 +81,24 @@ def _kill_a_worker_mid_request(run_dir: Path, killed: list, stop: threading.Even
         time.sleep(0.005)
 
 
-def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(nano_dir, tmp_path, capfd):
-    overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
-    straight = _run(nano_dir, tmp_path / "straight", *overrides)
+@contextmanager
+def killing_a_worker(run_dir: Path, after_step: int = 1):
+    """A thread that SIGKILLs a rollout worker mid-request once ``after_step`` is logged; yields the pids it killed."""
     killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_a_worker_mid_request, args=(tmp_path / "killed", killed, stop))
+    killer = threading.Thread(target=_kill_a_worker_mid_request, args=(run_dir, killed, stop, after_step))
     killer.start()
     try:
-        interrupted = _run(nano_dir, tmp_path / "killed", *overrides)
+        yield killed
     finally:
         stop.set()
         killer.join()
+
+
+def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(nano_dir, tmp_path, capfd):
+    overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
+    straight = _run(nano_dir, tmp_path / "straight", *overrides)
+    with killing_a_worker(tmp_path / "killed") as killed:
+        interrupted = _run(nano_dir, tmp_path / "killed", *overrides)
     assert killed, "no rollout worker was seen serving a request"
     assert "waiting for its restart, then sending its request again" in capfd.readouterr().err
     # How we know no step was lost or repeated: the steps logged are 0..4 once each, and every
@@ -109,17 +117,11 @@ def test_a_rollout_worker_that_dies_past_its_restarts_ends_the_run_in_one_line_a
 
     overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
     straight = _run(nano_dir, tmp_path / "straight", *overrides)
-    run_dir, killed, stop = tmp_path / "gave_up", [], threading.Event()
-    killer = threading.Thread(target=_kill_a_worker_mid_request, args=(run_dir, killed, stop, 2))  # saved at 2
-    killer.start()
+    run_dir = tmp_path / "gave_up"
     started = time.monotonic()
-    try:
-        with pytest.raises(RoleDied) as err:
-            _run(nano_dir, run_dir, *overrides, "ray.max_restarts=0")
-        took = time.monotonic() - started
-    finally:
-        stop.set()
-        killer.join()
+    with killing_a_worker(run_dir, after_step=2) as killed, pytest.raises(RoleDied) as err:  # saved at 2
+        _run(nano_dir, run_dir, *overrides, "ray.max_restarts=0")
+    took = time.monotonic() - started
     message = str(err.value)
     assert killed and "\n" not in message
     assert message.startswith("rollout worker ") and "died during sampling" in message

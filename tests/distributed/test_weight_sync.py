@@ -3,16 +3,14 @@ trains exactly as with the object store; after a sync every rollout worker holds
 weights and version; a bad value, a member that never joins and a worker that dies are one-line
 errors within a bounded time."""
 
-import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 ray = pytest.importorskip("ray", reason="cluster=ray needs ray: pip install -e '.[ray]'")
 
-from test_ray import SMALL, _equal, _final, _kill_a_worker_mid_request, _records  # noqa: E402
+from test_ray import SMALL, _equal, _final, _records, killing_a_worker  # noqa: E402
 
 from grpoplus.build import build  # noqa: E402
 from grpoplus.config import build_config  # noqa: E402
@@ -76,24 +74,11 @@ def test_a_member_that_never_joins_is_a_one_line_error_within_the_time_limit():
     assert "did not form within 3 s" in message and "ray.weight_sync=object_store" in message
 
 
-@contextmanager
-def _killing_a_worker(run_dir):
-    """A thread that SIGKILLs a rollout worker mid-request once step 1 is logged; yields the pids it killed."""
-    killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_a_worker_mid_request, args=(run_dir, killed, stop))
-    killer.start()
-    try:
-        yield killed
-    finally:
-        stop.set()
-        killer.join()
-
-
 def test_a_worker_killed_during_the_run_ends_it_in_one_line_within_a_bounded_time(nano_dir, tmp_path):
     from grpoplus.distributed.ray_cluster import RoleDied
 
     started = time.monotonic()
-    with _killing_a_worker(tmp_path / "killed") as killed, pytest.raises(RoleDied) as err:
+    with killing_a_worker(tmp_path / "killed") as killed, pytest.raises(RoleDied) as err:
         train(_config(nano_dir, tmp_path / "killed", *TWO_WORKERS, "ray.weight_sync=collective"))  # max_restarts=3
     assert time.monotonic() - started < 200  # seen at once, not after ray.timeout_s=300 of silence
     message = str(err.value)
