@@ -160,15 +160,16 @@ def labelled(name: str, fn):
 
 def label_phases(c) -> None:
     """Name the trainer's phases for the profiler (backward is found from the autograd engine's events)."""
-    import grpoplus.batching
+    import grpoplus.learner.prepare
     import grpoplus.learner.update
 
     c.engine.generate = labelled("rollout", c.engine.generate)
-    grpoplus.batching.learner_logprobs = labelled("logp_old_ref", grpoplus.batching.learner_logprobs)
+    grpoplus.learner.prepare.learner_logprobs = labelled("logp_old_ref", grpoplus.learner.prepare.learner_logprobs)
     grpoplus.learner.update.response_logprobs = labelled("learner_forward", grpoplus.learner.update.response_logprobs)
     label = torch.profiler.record_function("optimizer")  # hooks, as wrapping step() upsets the LR scheduler
-    c.optimizer.register_step_pre_hook(lambda *_: None if label.__enter__() else None)
-    c.optimizer.register_step_post_hook(lambda *_: label.__exit__(None, None, None))
+    optimizer = c.learner.parts.optimizer
+    optimizer.register_step_pre_hook(lambda *_: None if label.__enter__() else None)
+    optimizer.register_step_post_hook(lambda *_: label.__exit__(None, None, None))
 
 
 def split_profile(events) -> dict:

@@ -18,7 +18,8 @@ Alternate the calls (trl, grpoplus, grpoplus lora, trl, ...) so that both sides 
 machine. Each call prints one JSON line: the median seconds per step after ``--warmup``
 steps (range too), the peak RSS, and for grpoplus the rollout / learner split, the learner's
 MFU (6 x params x learner tokens / learner seconds, against the measured 145 GFLOP/s fp32
-matmul peak of this project's 2-core machine) and the decode's fraction of the weight-bandwidth
+matmul peak of this project's first 2-core machine; ``learner_mfu_now`` against the rate a 2048 x 2048
+matmul gets in the same process just before the run) and the decode's fraction of the weight-bandwidth
 bound (every weight read once per decode step at 26 GB/s). ``summary`` prints the medians of
 the calls and the ratios.
 """
@@ -42,6 +43,16 @@ import torch  # noqa: E402
 PEAK_GFLOPS = 145.0  # fp32 matmul, 2 cores, idle machine (benchmarks/profile_smollm2.py)
 PEAK_GBS = 26.0  # memory bandwidth, idle machine
 PROMPTS, GROUP, NEW_TOKENS, LR = 4, 4, 48, 1e-6
+
+
+def matmul_gflops_now(size: int = 2048, repeats: int = 10) -> float:
+    """The fp32 matmul rate this process gets right now (the machine's peak drifts, and is shared)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e9
 
 
 def peak_rss_mb() -> float:
@@ -195,10 +206,13 @@ def main() -> None:
         model.save_pretrained(args.model)
         tok.save_pretrained(args.model)
         return print(json.dumps({"saved": args.model}))
+    gflops = matmul_gflops_now()  # before the run, so that its memory is not in the side's peak
     started = time.perf_counter()
     record = run_trl(args.model, args.steps, args.warmup) if args.which == "trl" else \
         run_grpoplus(args.model, args.steps, args.warmup, overrides)
-    print(json.dumps({**record, "peak_rss_mb": round(peak_rss_mb(), 0), "torch_threads": torch.get_num_threads(),
+    if "learner_mfu" in record:  # against the matmul rate measured in this process before the run
+        record["learner_mfu_now"] = round(record["learner_mfu"] * PEAK_GFLOPS / gflops, 3)
+    print(json.dumps({**record, "matmul_gflops_now": round(gflops, 1), "peak_rss_mb": round(peak_rss_mb(), 0), "torch_threads": torch.get_num_threads(),
                       "load_avg_1min": os.getloadavg()[0], "wall_s": round(time.perf_counter() - started, 1)}),
           flush=True)
     sys.stdout.flush()

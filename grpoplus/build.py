@@ -17,6 +17,7 @@ from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.learner.checkpointing import require_checkpointable
 from grpoplus.learner.replay import check_replay
 from grpoplus.prompts import PromptSampler
 from grpoplus.scoring import Scorer
@@ -121,12 +122,14 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
     """How the learner prepares and updates; ``rewards``: the reward components' (name, weight), which
     only the rank that prepares the batch needs (GDPO)."""
     lrn = cfg.learner
+    if lrn.gradient_checkpointing:
+        require_checkpointable(model)
     return LearnerPlan(cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
                        logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0),
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
                        reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
-                       share_prompts=lrn.share_prompts)
+                       share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing)
 
 
 def logp_old_source(cfg: Config) -> str:

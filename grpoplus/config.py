@@ -52,6 +52,9 @@ class RunConfig:
     """Show a live progress bar."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
+    release_memory: bool = True
+    """Linux (glibc): after the rollout and after the update, give the memory the phase freed back to the system
+    (malloc_trim), so the next phase starts from what is live; false: glibc keeps freed blocks for reuse."""
     preset: str = "dapo"
     """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
     overrides: list = field(default_factory=list)
@@ -160,6 +163,9 @@ class LearnerConfig:
     """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
     G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
     numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
+    much less activation memory for one more forward of the body per update; the same numbers."""
     logp_old: str = "auto"
     """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
     update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch
@@ -423,6 +429,10 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
     _check_lora(cfg)
+    if cfg.learner.gradient_checkpointing and cfg.algo.routing_replay != "off":
+        raise ValueError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
+                         f"algo.routing_replay={cfg.algo.routing_replay} no longer holds the router's choices: "
+                         f"turn one of them off")
     from grpoplus.metrics import require_loggers
     from grpoplus.rollout import require_engine
 

@@ -24,6 +24,7 @@ from grpoplus.learner import checkpoint as ckpt
 from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
+from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.rundir import RunDir
 
 KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
@@ -32,6 +33,8 @@ KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
 def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
     collected = c.collector.next(step)
+    if cfg.run.release_memory:
+        give_back_freed_memory()  # what the rollout freed, before the learner allocates
     metrics = dict(collected.metrics)
     metrics.update(rollout_metrics(collected.drawn, collected.batch))
     if collected.batch is None:  # every group had zero spread: nothing to train on this step
@@ -41,6 +44,8 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     result = c.learner.learn(collected.batch, step)  # prepare + optimizer steps, on every learner rank
+    if cfg.run.release_memory:
+        give_back_freed_memory()  # the activations and gradients the update freed, before the next rollout
     c.learner.publish(version=step)
     learner_s = time.perf_counter() - t0
     response_mask = collected.batch.rollouts.response_mask

@@ -40,6 +40,7 @@ class LearnerPlan:
     reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
     reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
     share_prompts: bool = True  # each distinct prompt of a forward computed once (grpoplus.learner.shared_prompt)
+    gradient_checkpointing: bool = False  # decoder layers recomputed in backward (grpoplus.learner.checkpointing)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -49,6 +50,8 @@ class LearnerPlan:
         if self.routing_replay == "r2" and self.logp_old != "recompute":
             raise ValueError(f"routing_replay=r2 records the routing in the logp_old recompute pass; "
                              f"logp_old={self.logp_old!r} has none (logp_old_mode forces recompute)")
+        if self.gradient_checkpointing and self.routing_replay != "off":
+            raise ValueError("gradient_checkpointing recomputes layers in backward, outside the routing replay")
 
     @property
     def logp_old_from_forward(self) -> bool:

@@ -12,6 +12,11 @@ It applies to models whose transformers cache is a plain growing key/value cache
 layer (no sliding window), and not under MoE routing replay (whose hooks see one forward per
 call); elsewhere :func:`shared_prompt_hidden` returns None and the caller runs the
 row-by-row forward.
+
+The two passes use caches whose ``update`` is a pure function of its inputs (the prompt pass
+returns its keys and values and keeps them; the response pass returns ``cat(prompt's, new)``
+and keeps nothing), so a decoder layer recomputed in backward (``learner.gradient_checkpointing``)
+sees exactly what its forward saw.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     cache = DynamicCache(config=model.config)
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
+    cache.layers = [_PromptLayer() for _ in cache.layers]
     first = torch.full((len(unique),), len(prompts), dtype=torch.long).scatter_reduce_(
         0, inverse, torch.arange(len(prompts)), "amin")  # [u] a row holding each distinct prompt
     body = model.model
@@ -50,9 +56,31 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
                    use_cache=True).last_hidden_state[inverse, -1:]  # [n, 1, H]: predicts response token 0
     if t1 == 1:
         return head_in
-    for layer in cache.layers:  # every row gets its prompt's keys and values (autograd gathers the gradient)
-        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+    rows = DynamicCache(config=model.config)  # each row: its prompt's keys and values (a differentiable gather)
+    rows.layers = [_RowLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
     cols = slice(prompt_len, prompt_len + t1 - 1)
     rest = body(input_ids=input_ids[:, cols], attention_mask=attention_mask[:, :prompt_len + t1 - 1],
-                position_ids=position_ids[:, cols], past_key_values=cache, use_cache=True).last_hidden_state
+                position_ids=position_ids[:, cols], past_key_values=rows, use_cache=True).last_hidden_state
     return torch.cat([head_in, rest], 1)  # [n, t1, H]
+
+
+class _PromptLayer(DynamicLayer):
+    """The prompt pass's cache layer: keeps the keys and values it is given and returns them unchanged."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states  # [u, kv heads, P, d]; a recompute sets the same values
+        return key_states, value_states
+
+
+class _RowLayer(DynamicLayer):
+    """The response pass's cache layer: every row's prompt keys and values, prepended to the new ones, never grown."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values  # [n, kv heads, P, d]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)

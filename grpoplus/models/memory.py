@@ -1,4 +1,4 @@
-"""Will the model fit? Parameter count before loading, and the memory training it needs.
+"""Will the model fit? Parameter count before loading, the memory training it needs, and giving freed memory back.
 
 Loading a model too large for the machine ends in the kernel's out-of-memory killer, or in
 swapping for an hour, long after the mistake was made. The parameter count is read
@@ -9,6 +9,7 @@ with the numbers when training cannot fit in the memory available now.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -21,6 +22,20 @@ ADAM_COPIES = 3  # gradients + AdamW's two moments, each the size of the trained
 MARGIN = 1.25  # activations of a micro-batch, the KV cache, the allocator's slack
 _GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def give_back_freed_memory() -> bool:
+    """glibc: return the free pages of the process's heaps to the system (``malloc_trim(0)``).
+
+    glibc keeps freed blocks below its mapping threshold (which it raises up to 32 MiB as large
+    tensors come and go) for reuse, so after a rollout and a learner pass the resident size holds
+    the free space both left behind. Called between the two phases, the next phase starts from what
+    is live. Returns False where the C library is not glibc (nothing done).
+    """
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def hf_parameter_count(path: Path) -> int:

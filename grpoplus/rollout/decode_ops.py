@@ -10,7 +10,9 @@
 - Linear layers: a decode step multiplies a few rows by every weight matrix, and MKL's
   plain GEMM re-packs the weight on each call. :func:`packed_linears` packs every fp32
   weight once per rollout for the batch's row count (MKL's packed GEMM, the kernel
-  PyTorch's own CPU inference compiler uses); other row counts take the plain GEMM.
+  PyTorch's own CPU inference compiler uses); other row counts take the plain GEMM. It
+  holds a copy of the weights during the rollout and its gain depends on the CPU, so the
+  hf engine uses it only when asked (``rollout.engine_kwargs={pack_weights: true}``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from (``logp_roll``).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -43,14 +44,15 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torc
 
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor,
-           params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None,
+           pack_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
 
     Each distinct prompt is prefilled once and its KV cache copied to its rows (a group of
     G samples shares one prompt, so this divides the prefill work by G) in a cache
     allocated at its final length: a step writes one position and copies nothing
-    (:mod:`grpoplus.rollout.decode_ops`, also for the attention and linear kernels). Rows
+    (:mod:`grpoplus.rollout.decode_ops`, also for the attention kernel and, with ``pack_weights``, MKL's
+    packed linear weights: a copy of every fp32 weight for the rollout's duration). Rows
     that have ended are dropped from the batch once they make up a quarter of it, so later
     steps mostly compute live rows.
 
@@ -65,7 +67,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """
     with decode_attention(model):
         state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens)
-        with packed_linears(model, len(state.rows)):
+        with packed_linears(model, len(state.rows)) if pack_weights else nullcontext():
             return sample_loop(model, state, params, stop_ids, pad_id, generator)
 
 
@@ -125,6 +127,17 @@ def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id:
     return torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), finished
 
 
+def hf_engine_kwargs(extra: dict) -> bool:
+    """``rollout.engine_kwargs`` of the hf engine: ``pack_weights`` (bool, default False) and nothing else."""
+    unknown = sorted(set(extra) - {"pack_weights"})
+    if unknown:
+        raise ValueError(f"rollout.engine_kwargs {unknown}: the hf engine takes only pack_weights (true/false)")
+    pack = extra.get("pack_weights", False)
+    if not isinstance(pack, bool):
+        raise ValueError(f"rollout.engine_kwargs pack_weights must be true or false, got {pack!r}")
+    return pack
+
+
 @ENGINES.register("hf")
 class HFEngine:
     """Batched, KV-cached sampling of ``params.n`` responses per prompt with a transformers model.
@@ -138,7 +151,9 @@ class HFEngine:
             learner's module itself, or a bf16-rounded or int8 copy made again at every sync; a
             LoRA policy's merged weights);
             ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``);
-            ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts.
+            ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts;
+            ``extra={"pack_weights": True}`` decodes with MKL's packed copy of every fp32 linear weight
+            (:func:`~grpoplus.rollout.decode_ops.packed_linears`; ~0.5 GB more for SmolLM2 during a rollout).
     """
 
     name = "hf"
@@ -156,6 +171,7 @@ class HFEngine:
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0
         self.record_routing = options.record_routing
+        self.pack_weights = hf_engine_kwargs(options.extra)
         self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
         self.model = self._sampler(model)
         if self.record_routing:
@@ -193,7 +209,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator)
+            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights)
                      for chunk in row_chunks(ids, mask, params.n, self.max_batch_size)]
         finally:
             self.model.train(was_training)

@@ -2,6 +2,10 @@
 model, a model too large for the memory available, a chat task on a tokenizer without a chat template."""
 
 import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +92,36 @@ def test_chat_task_needs_a_tokenizer_with_a_chat_template(nano_dir, tmp_path):
     task, train, *_ = build_task_and_model(build_config(overrides=[*common, f"model={nano_dir}",
                                                                    "chat_template=false"]))
     assert train[0].prompt.endswith("'#### <number>'.")  # the raw question, as asked
+
+
+
+_KEEP_OR_GIVE_BACK = """
+import sys, torch
+from grpoplus.models.memory import give_back_freed_memory
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = torch.ones(24 << 18)  # 24 MiB, mapped and freed: glibc then keeps blocks below 24 MiB in its heap
+del big
+before = rss()
+blocks, pins = [], []
+for _ in range(100):  # 100 x 2 MiB, touched, each followed by a small block that stays: holes when they go
+    blocks.append(torch.ones(1 << 19))
+    pins.append(torch.ones(1 << 14))
+del blocks
+if sys.argv[1] == "given back":
+    assert give_back_freed_memory()
+print((rss() - before) / 2**20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+@pytest.mark.parametrize("mode", ["kept", "given back"])
+def test_freed_tensors_go_back_to_the_system_when_given_back(mode):
+    out = subprocess.run([sys.executable, "-c", _KEEP_OR_GIVE_BACK, mode], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    kept_mib = float(out.stdout.split()[-1])
+    if mode == "kept":
+        assert kept_mib > 150  # glibc keeps the freed 200 MiB
+    else:
+        assert kept_mib < 20

@@ -159,6 +159,29 @@ def test_max_batch_size_chunks_give_the_same_rollouts(model, tok, prompts, favou
     torch.testing.assert_close(whole.logp_roll, chunked.logp_roll, atol=1e-5, rtol=0)
 
 
+def test_packed_weights_only_when_asked_and_the_same_rollouts(model, tok, prompts, favour_eos, monkeypatch):
+    import grpoplus.rollout.hf as hf
+
+    favour_eos(model, 3.0)
+    packs = []
+    real = hf.packed_linears
+    monkeypatch.setattr(hf, "packed_linears", lambda m, rows: packs.append(rows) or real(m, rows))
+    params = SamplingParams(n=3, greedy=True, max_new_tokens=8)
+    plain = HFEngine(model, tok).generate(prompts, params)
+    assert packs == []
+    packed = HFEngine(model, tok, EngineOptions(extra={"pack_weights": True})).generate(prompts, params)
+    assert packs == [12]
+    assert torch.equal(plain.response_ids, packed.response_ids)
+    torch.testing.assert_close(plain.logp_roll, packed.logp_roll, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("extra, message", [({"gpu_memory_utilization": 0.5}, "takes only pack_weights"),
+                                            ({"pack_weights": "yes"}, "must be true or false")])
+def test_engine_kwargs_the_hf_engine_cannot_honour_are_refused(model, tok, extra, message):
+    with pytest.raises(ValueError, match=message):
+        HFEngine(model, tok, EngineOptions(extra=extra))
+
+
 def test_fp32_engine_shares_the_learner_and_restores_its_mode(model, tok, prompts):
     engine = HFEngine(model, tok)
     assert engine.model is model
