@@ -200,7 +200,7 @@ def run_step(data: str, steps: int, profile: bool, preset: str | None, overrides
         f"model={MODEL}", f"data={data}", "prompt_field=question", "answer_field=answer", "answer_format=gsm8k",
         "prompts_per_step=4", "group_size=4", "max_new_tokens=48", f"max_steps={steps}", "eval_every=0",
         "eval_samples=0", "eval_size=4", "save_every=0", "out=/tmp/_grpoplus_bench_run", "progress=false",
-        "tensorboard=false", "doctor_every=0", *overrides])
+        "loggers=[]", "doctor_every=0", *overrides])
     c = build(cfg)
     print(json.dumps({"bench": "step", "preset": cfg.run.preset, **threads_info(), **machine_now()}))
     label_phases(c)
