@@ -212,8 +212,9 @@ def main() -> None:
         run_grpoplus(args.model, args.steps, args.warmup, overrides)
     if "learner_mfu" in record:  # against the matmul rate measured in this process before the run
         record["learner_mfu_now"] = round(record["learner_mfu"] * PEAK_GFLOPS / gflops, 3)
-    print(json.dumps({**record, "matmul_gflops_now": round(gflops, 1), "peak_rss_mb": round(peak_rss_mb(), 0), "torch_threads": torch.get_num_threads(),
-                      "load_avg_1min": os.getloadavg()[0], "wall_s": round(time.perf_counter() - started, 1)}),
+    print(json.dumps({**record, "matmul_gflops_now": round(gflops, 1), "peak_rss_mb": round(peak_rss_mb(), 0),
+                      "torch_threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
+                      "wall_s": round(time.perf_counter() - started, 1)}),
           flush=True)
     sys.stdout.flush()
 

@@ -15,19 +15,6 @@ SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_la
              num_key_value_heads=2, max_position_embeddings=64)
 
 
-def _rows(seed: int, prompts: int = 3, group: int = 4, p: int = 7, t: int = 6):
-    """``prompts`` groups of ``group`` rows: left-padded prompts, right-padded responses, shuffled."""
-    g = torch.Generator().manual_seed(seed)
-    pm = torch.ones(prompts, p, dtype=torch.long)
-    pm[0, :3] = 0
-    pid = (torch.randint(1, 40, (prompts, p), generator=g) * pm).repeat_interleave(group, 0)
-    pm = pm.repeat_interleave(group, 0)
-    rm = (torch.arange(t)[None] < torch.randint(1, t + 1, (prompts * group, 1), generator=g)).long()
-    rid = torch.randint(1, 40, (prompts * group, t), generator=g) * rm
-    order = torch.randperm(prompts * group, generator=g)
-    return pid[order], pm[order], rid[order], rm[order]
-
-
 def _logp_and_grads(model, rows, checkpointed: bool, entropy_bonus: bool = False, share: bool = True):
     model.zero_grad()
     with checkpointed_layers(model, checkpointed):
@@ -51,27 +38,27 @@ def _assert_same(model, rows, tolerance: float = 1e-12, **kwargs):
 
 
 @pytest.mark.parametrize("share", [True, False])
-def test_checkpointed_layers_give_the_same_logprobs_and_gradients(share):
+def test_checkpointed_layers_give_the_same_logprobs_and_gradients(share, grouped_rows):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SMALL)).double()
-    _assert_same(model, _rows(0), share=share)
+    _assert_same(model, grouped_rows(0), share=share)
 
 
-def test_the_entropy_bonus_path_and_a_moe_policy_checkpoint_too():
+def test_the_entropy_bonus_path_and_a_moe_policy_checkpoint_too(grouped_rows):
     torch.manual_seed(1)
-    _assert_same(LlamaForCausalLM(LlamaConfig(**SMALL)).double(), _rows(1), entropy_bonus=True)
+    _assert_same(LlamaForCausalLM(LlamaConfig(**SMALL)).double(), grouped_rows(1), entropy_bonus=True)
     moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=16, head_dim=8))
-    _assert_same(moe, _rows(2), tolerance=1e-6)  # float32: the grouped expert kernels take no float64
+    _assert_same(moe, grouped_rows(2), tolerance=1e-6)  # float32: the grouped expert kernels take no float64
 
 
-def test_lora_adapters_get_the_same_gradients():
+def test_lora_adapters_get_the_same_gradients(grouped_rows):
     peft = pytest.importorskip("peft")
     torch.manual_seed(2)
     base = LlamaForCausalLM(LlamaConfig(**SMALL)).double()
     model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                       init_lora_weights=False))
-    _assert_same(model, _rows(3))
+    _assert_same(model, grouped_rows(3))
 
 
 def _saved_activation_bytes(model, rows, checkpointed: bool) -> int:
@@ -91,10 +78,10 @@ def _saved_activation_bytes(model, rows, checkpointed: bool) -> int:
     return sum(kept.values())
 
 
-def test_checkpointing_keeps_a_fraction_of_the_activations():
+def test_checkpointing_keeps_a_fraction_of_the_activations(grouped_rows):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SMALL))
-    rows = _rows(4, prompts=4, group=4, p=12, t=16)
+    rows = grouped_rows(4, prompts=4, group=4, p=12, t=16)
     full = _saved_activation_bytes(model, rows, checkpointed=False)
     kept = _saved_activation_bytes(model, rows, checkpointed=True)
     assert kept < 0.25 * full, (kept, full)

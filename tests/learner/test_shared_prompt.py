@@ -21,22 +21,6 @@ def float64_norm(monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
 
 
-def _groups(seed: int, prompts: int = 3, group: int = 4, p: int = 7, t: int = 6):
-    """Rows of ``prompts`` groups of ``group`` responses, shuffled; left-padded prompts, right-padded responses."""
-    g = torch.Generator().manual_seed(seed)
-    pid = torch.randint(1, 40, (prompts, p), generator=g)
-    pm = torch.ones_like(pid)
-    pm[0, :3] = 0
-    pm[1, :1] = 0
-    pid = (pid * pm).repeat_interleave(group, 0)
-    pm = pm.repeat_interleave(group, 0)
-    rid = torch.randint(1, 40, (prompts * group, t), generator=g)
-    lengths = torch.randint(1, t + 1, (prompts * group,), generator=g)
-    rm = (torch.arange(t)[None] < lengths[:, None]).long()
-    order = torch.randperm(prompts * group, generator=g)
-    return pid[order], pm[order], (rid * rm)[order], rm[order]
-
-
 def _logp_and_grads(model, rows, share: bool):
     model.zero_grad()
     logp, _ = response_logprobs(model, *rows, share_prompts=share)
@@ -46,10 +30,10 @@ def _logp_and_grads(model, rows, share: bool):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_shared_prompts_give_the_row_by_row_logprobs_and_gradients_in_float64(float64_norm, seed):
+def test_shared_prompts_give_the_row_by_row_logprobs_and_gradients_in_float64(float64_norm, seed, grouped_rows):
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**SMALL)).double()
-    rows = _groups(seed)
+    rows = grouped_rows(seed)
     logp, grads = _logp_and_grads(model, rows, share=False)
     logp_s, grads_s = _logp_and_grads(model, rows, share=True)
     assert torch.allclose(logp_s, logp, rtol=0, atol=1e-12)
@@ -58,10 +42,10 @@ def test_shared_prompts_give_the_row_by_row_logprobs_and_gradients_in_float64(fl
         assert torch.allclose(grads_s[name], grad, rtol=1e-10, atol=1e-12), name
 
 
-def test_shared_prompts_agree_in_float32():
+def test_shared_prompts_agree_in_float32(grouped_rows):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SMALL))
-    rows = _groups(2)
+    rows = grouped_rows(2)
     logp, grads = _logp_and_grads(model, rows, share=False)
     logp_s, grads_s = _logp_and_grads(model, rows, share=True)
     assert torch.allclose(logp_s, logp, atol=1e-5)
@@ -69,11 +53,11 @@ def test_shared_prompts_agree_in_float32():
         assert torch.allclose(grads_s[name], grad, rtol=1e-4, atol=1e-5), name
 
 
-def test_each_distinct_prompt_is_computed_once():
+def test_each_distinct_prompt_is_computed_once(grouped_rows):
     model = LlamaForCausalLM(LlamaConfig(**SMALL))
     seen = []
     model.model.embed_tokens.register_forward_hook(lambda mod, args, out: seen.append(args[0].numel()))
-    pid, pm, rid, rm = _groups(3, prompts=3, group=4, p=7, t=6)
+    pid, pm, rid, rm = grouped_rows(3, prompts=3, group=4, p=7, t=6)
     t1 = int(rm.sum(1).max())
     for share in (False, True):
         seen.clear()
@@ -81,13 +65,13 @@ def test_each_distinct_prompt_is_computed_once():
         assert sum(seen) == (3 * 7 + 12 * (t1 - 1) if share else 12 * (7 + t1))
 
 
-def test_nothing_is_shared_without_repeated_prompts_or_with_a_sliding_window():
-    pid, pm, rid, rm = _groups(4, prompts=3, group=1)
+def test_nothing_is_shared_without_repeated_prompts_or_with_a_sliding_window(grouped_rows):
+    pid, pm, rid, rm = grouped_rows(4, prompts=3, group=1)
     model = LlamaForCausalLM(LlamaConfig(**SMALL))
     ids, mask = torch.cat([pid, rid], 1), torch.cat([pm, rm], 1)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     assert shared_prompt_hidden(model, ids, mask, positions, pid.shape[1], rid.shape[1]) is None
-    pid, pm, rid, rm = _groups(4, prompts=2, group=2)
+    pid, pm, rid, rm = grouped_rows(4, prompts=2, group=2)
     windowed = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=4))
     ids, mask = torch.cat([pid, rid], 1), torch.cat([pm, rm], 1)
     positions = (mask.cumsum(1) - 1).clamp(min=0)

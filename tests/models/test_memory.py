@@ -94,7 +94,6 @@ def test_chat_task_needs_a_tokenizer_with_a_chat_template(nano_dir, tmp_path):
     assert train[0].prompt.endswith("'#### <number>'.")  # the raw question, as asked
 
 
-
 _KEEP_OR_GIVE_BACK = """
 import sys, torch
 from grpoplus.models.memory import give_back_freed_memory
