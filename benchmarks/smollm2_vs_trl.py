@@ -11,6 +11,8 @@ so peak resident memory (``ru_maxrss``) is the side's own::
     python benchmarks/smollm2_vs_trl.py save --model $M
     python benchmarks/smollm2_vs_trl.py trl --model $M --steps 4 >> runs.jsonl
     python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 >> runs.jsonl
+    python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 gradient_checkpointing=true \
+        release_memory=eager >> runs.jsonl   # like TRL's default: activation checkpointing on
     python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 lora_rank=16 >> runs.jsonl
     python benchmarks/smollm2_vs_trl.py summary runs.jsonl   # calls grouped by side and overrides
 
@@ -114,7 +116,9 @@ def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
                             dataloader_num_workers=0, seed=0, bf16=False, fp16=False, disable_tqdm=True)
         GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                     callbacks=[timer]).train()
-    return {"side": "trl", "trl_version": __import__("trl").__version__, **spread(timer.times, warmup),
+    return {"side": "trl", "trl_version": __import__("trl").__version__,
+            "gradient_checkpointing": config.gradient_checkpointing,  # TRL's GRPOConfig default: on
+            **spread(timer.times, warmup),
             "rollout_s_median": round(statistics.median(decode_s[warmup:] or decode_s), 2)}
 
 

@@ -19,6 +19,7 @@ from grpoplus.containers import SamplingParams
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.checkpointing import require_checkpointable
 from grpoplus.learner.replay import check_replay
+from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.prompts import PromptSampler
 from grpoplus.scoring import Scorer
 
@@ -129,7 +130,8 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
                        reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
-                       share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing)
+                       share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing,
+                       trim_every=EAGER_TRIM_LAYERS if cfg.run.release_memory == "eager" else 0)
 
 
 def logp_old_source(cfg: Config) -> str:

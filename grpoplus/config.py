@@ -52,9 +52,11 @@ class RunConfig:
     """Show a live progress bar."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
-    release_memory: bool = True
-    """Linux (glibc): after the rollout and after the update, give the memory the phase freed back to the system
-    (malloc_trim), so the next phase starts from what is live; false: glibc keeps freed blocks for reuse."""
+    release_memory: str = "phases"
+    """Linux (glibc), when freed memory goes back to the system (malloc_trim): phases (true) = after the rollout and
+    after the update, so the next phase starts from what is live; eager = also every few decoder layers of the
+    update's backward, which lowers its peak with learner.gradient_checkpointing; off (false) = glibc keeps
+    freed blocks for reuse."""
     preset: str = "dapo"
     """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
     overrides: list = field(default_factory=list)
@@ -225,8 +227,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
     "run.cluster": ("local", "ray"),
+    "run.release_memory": ("off", "phases", "eager"),
     "ray.weight_sync": ("object_store", "collective"),
 }
+BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"}}
+"""Keys that were booleans before they had more choices: what true and false still mean."""
 
 
 @dataclass
@@ -404,7 +409,8 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
         if cls is AlgoConfig:
             continue
         hints = {f.name: f.type for f in dataclasses.fields(cls)}
-        kwargs = {name: _coerce(f"{section}.{name}", v, hints[name]) for name, v in values[section].items()}
+        kwargs = {name: _coerce(f"{section}.{name}", _from_bool(f"{section}.{name}", v), hints[name])
+                  for name, v in values[section].items()}
         for name, value in kwargs.items():
             allowed = CHOICES.get(f"{section}.{name}")
             if allowed and value not in allowed:
@@ -416,6 +422,10 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     cfg = Config(**sections)
     _check(cfg)
     return cfg
+
+
+def _from_bool(key: str, value: Any) -> Any:
+    return BOOL_CHOICES[key][value] if isinstance(value, bool) and key in BOOL_CHOICES else value
 
 
 def _check(cfg: Config) -> None:

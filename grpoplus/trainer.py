@@ -33,7 +33,7 @@ KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
 def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
     collected = c.collector.next(step)
-    if cfg.run.release_memory:
+    if cfg.run.release_memory != "off":
         give_back_freed_memory()  # what the rollout freed, before the learner allocates
     metrics = dict(collected.metrics)
     metrics.update(rollout_metrics(collected.drawn, collected.batch))
@@ -44,7 +44,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     result = c.learner.learn(collected.batch, step)  # prepare + optimizer steps, on every learner rank
-    if cfg.run.release_memory:
+    if cfg.run.release_memory != "off":
         give_back_freed_memory()  # the activations and gradients the update freed, before the next rollout
     c.learner.publish(version=step)
     learner_s = time.perf_counter() - t0

@@ -18,6 +18,7 @@ import torch
 from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
@@ -123,7 +124,7 @@ def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
 def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
-    with checkpointed_layers(model, plan.gradient_checkpointing):
+    with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every):
         if entropy_grad:
             return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                                  mb.response_mask, temperature=plan.temperature, routing=routing)

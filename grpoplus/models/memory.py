@@ -24,6 +24,11 @@ _GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
+EAGER_TRIM_LAYERS = 6
+"""``run.release_memory=eager``: freed memory goes back every this many decoder-layer passes of a backward
+(every 3 layers when prompts are shared: each layer runs once for the prompts, once for the responses)."""
+
+
 def give_back_freed_memory() -> bool:
     """glibc: return the free pages of the process's heaps to the system (``malloc_trim(0)``).
 

@@ -118,23 +118,24 @@ def decode_attention(model: torch.nn.Module):
 
 
 def packed_linears(model: torch.nn.Module, rows: int):
-    """Within the block, ``model``'s fp32 ``nn.Linear`` layers multiply inputs of ``rows`` rows by a
-    weight packed once (MKL); results are those of the plain GEMM. Holds a packed copy of the
-    weights meanwhile; a no-op context without MKL or for non-fp32 / non-CPU weights."""
-    mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    """Within the block, ``model``'s fp32 ``nn.Linear`` layers multiply by a copy of their weight that
+    oneDNN reordered once for inputs of about ``rows`` rows (any row count works). At the few rows of a
+    decode step this runs ~3x faster than the plain GEMM on an AVX2 CPU (SmolLM2's layers: 0.78 vs
+    2.4 ms per layer at 16 rows) and agrees with it to float32 rounding. Holds the reordered copy
+    meanwhile; a no-op context without oneDNN or for non-fp32 / non-CPU weights."""
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
                and m.weight.device.type == "cpu" and "forward" not in vars(m)]
-    return _packed(linears, rows) if mkl and linears else nullcontext()
+    return _packed(linears, rows) if onednn and linears else nullcontext()
 
 
 @contextmanager
 def _packed(linears: list[torch.nn.Linear], rows: int):
     for m in linears:
-        weight = m.weight.detach()
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
         bias = None if m.bias is None else m.bias.detach()
-        m.forward = (lambda packed, weight, bias: lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
-                     )(packed, weight, bias)  # an instance attribute: hooks still run around it
+        m.forward = (lambda packed, bias: lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+                     )(packed, bias)  # an instance attribute: hooks still run around it
     try:
         yield
     finally:

@@ -75,7 +75,7 @@ def test_packed_linears_give_the_plain_results_and_are_restored(model, tok, prom
         step = {"input_ids": enc["input_ids"][:, -1:], "attention_mask": enc["attention_mask"][:, -1:]}
         plain = model(**step).logits
         with packed_linears(model, rows=4):
-            if torch.backends.mkl.is_available():
+            if torch.backends.mkldnn.is_available():
                 assert "forward" in vars(model.lm_head)
             packed = model(**step).logits
             other_rows = model(**enc).logits  # 4 x P rows: the plain GEMM

@@ -159,7 +159,7 @@ def test_max_batch_size_chunks_give_the_same_rollouts(model, tok, prompts, favou
     torch.testing.assert_close(whole.logp_roll, chunked.logp_roll, atol=1e-5, rtol=0)
 
 
-def test_packed_weights_only_when_asked_and_the_same_rollouts(model, tok, prompts, favour_eos, monkeypatch):
+def test_packed_weights_unless_told_not_to_and_the_same_rollouts(model, tok, prompts, favour_eos, monkeypatch):
     import grpoplus.rollout.hf as hf
 
     favour_eos(model, 3.0)
@@ -167,9 +167,9 @@ def test_packed_weights_only_when_asked_and_the_same_rollouts(model, tok, prompt
     real = hf.packed_linears
     monkeypatch.setattr(hf, "packed_linears", lambda m, rows: packs.append(rows) or real(m, rows))
     params = SamplingParams(n=3, greedy=True, max_new_tokens=8)
-    plain = HFEngine(model, tok).generate(prompts, params)
+    plain = HFEngine(model, tok, EngineOptions(extra={"pack_weights": False})).generate(prompts, params)
     assert packs == []
-    packed = HFEngine(model, tok, EngineOptions(extra={"pack_weights": True})).generate(prompts, params)
+    packed = HFEngine(model, tok).generate(prompts, params)
     assert packs == [12]
     assert torch.equal(plain.response_ids, packed.response_ids)
     torch.testing.assert_close(plain.logp_roll, packed.logp_roll, atol=1e-5, rtol=0)

@@ -89,10 +89,19 @@ def test_yaml_file_nested_and_flat(tmp_path):
     (["lr_schedule=steep"], "lr_schedule"),
     (["noequals"], "key=value"),
     (["reward_workers=many"], "reward_workers"),
+    (["release_memory=always"], "^config key run.release_memory: 'always' is not one of off, phases, eager$"),
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         build_config("dapo", overrides=override)
+
+
+@pytest.mark.parametrize("value, meaning", [("true", "phases"), ("false", "off"), ("eager", "eager")])
+def test_release_memory_keeps_what_its_booleans_meant(value, meaning, tmp_path):
+    # a run dir's config.yaml written when the key was a boolean resumes with the same behaviour
+    assert build_config(overrides=[f"release_memory={value}"]).run.release_memory == meaning
+    (tmp_path / "config.yaml").write_text(f"run:\n  release_memory: {value}\n")
+    assert build_config(yaml_path=str(tmp_path / "config.yaml")).run.release_memory == meaning
 
 
 def test_missing_config_file_is_named(tmp_path):
