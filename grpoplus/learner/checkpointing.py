@@ -15,7 +15,7 @@ updates are pure functions, so the recompute sees what the forward saw).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -51,10 +51,17 @@ def checkpointed_layers(model: torch.nn.Module, enabled: bool = True) -> Iterato
     The backward may run after the block: the recompute calls the layer's own forward.
     ``enabled=False``: a no-op, so callers need no branch.
     """
-    layers = checkpointable_layers(model) if enabled else []
-    own = [layer.__dict__.get("forward") for layer in layers]  # a forward set on the instance (e.g. by accelerate)
+    with wrapped_forwards(checkpointable_layers(model) if enabled else [], lambda f: partial(_recomputed, f)):
+        yield
+
+
+@contextmanager
+def wrapped_forwards(layers: list[torch.nn.Module], wrap: Callable) -> Iterator[None]:
+    """Within the block, each layer's forward is ``wrap(forward)`` (an instance attribute); after it, the
+    forward the layer had: its class's, or one set on the instance (e.g. by accelerate)."""
+    own = [layer.__dict__.get("forward") for layer in layers]
     for layer in layers:
-        layer.forward = partial(_recomputed, layer.forward)
+        layer.forward = wrap(layer.forward)
     try:
         yield
     finally:

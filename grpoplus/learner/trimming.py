@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from grpoplus.learner.checkpointing import checkpointable_layers
+from grpoplus.learner.checkpointing import checkpointable_layers, wrapped_forwards
 from grpoplus.models.memory import give_back_freed_memory
 
 
@@ -38,16 +38,7 @@ def _trim(counter: list[int], every: int, grad: torch.Tensor) -> None:
 def trimmed_backward(model: torch.nn.Module, every: int) -> Iterator[None]:
     """Within the block, the backward through ``model``'s decoder layers gives freed memory back every
     ``every`` layers (the backward may run after the block). ``every=0``: a no-op."""
-    layers = checkpointable_layers(model) if every > 0 else []
-    own = [layer.__dict__.get("forward") for layer in layers]
     counter = [0]
-    for layer in layers:
-        layer.forward = partial(_hooked, layer.forward, counter, every)
-    try:
+    with wrapped_forwards(checkpointable_layers(model) if every > 0 else [],
+                          lambda forward: partial(_hooked, forward, counter, every)):
         yield
-    finally:
-        for layer, forward in zip(layers, own):
-            if forward is None:
-                del layer.forward
-            else:
-                layer.forward = forward
