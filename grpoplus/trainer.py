@@ -34,7 +34,8 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
     collected = c.collector.next(step)
     if cfg.run.release_memory != "off":
-        give_back_freed_memory()  # what the rollout freed, before the learner allocates
+        give_back_freed_memory()  # what the rollout freed, before the learner allocates (the learner's
+        # ranks give back what their update freed themselves: grpoplus.distributed.learner.update_step)
     metrics = dict(collected.metrics)
     metrics.update(rollout_metrics(collected.drawn, collected.batch))
     if collected.batch is None:  # every group had zero spread: nothing to train on this step
@@ -44,8 +45,6 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     result = c.learner.learn(collected.batch, step)  # prepare + optimizer steps, on every learner rank
-    if cfg.run.release_memory != "off":
-        give_back_freed_memory()  # the activations and gradients the update freed, before the next rollout
     c.learner.publish(version=step)
     learner_s = time.perf_counter() - t0
     response_mask = collected.batch.rollouts.response_mask

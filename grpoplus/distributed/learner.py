@@ -22,6 +22,7 @@ from grpoplus.containers import ScoredGroups, TrainBatch, UpdateResult
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.update import update_policy
+from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.distributed.group import RankGroup, RoleError
 
 
@@ -100,12 +101,15 @@ class Learner:
 
 def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoConfig, plan: LearnerPlan,
                 group: RankGroup | None) -> UpdateResult:
-    """One rollout batch's optimizer steps on this rank, then the reference update when it is due."""
+    """One rollout batch's optimizer steps on this rank, then the reference update when it is due; with
+    ``plan.release_after_update`` the memory the update freed goes back to the system (run.release_memory)."""
     result = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, algo, plan, parts.entropy_control,
                            first_step=(step - 1) * algo.updates_per_batch, group=group)
     if parts.ref_model is not None and A.should_reset_reference(step, algo.ref_reset_every):
         A.update_reference(parts.ref_model, parts.model, algo.ref_update_alpha, parts.optimizer,
                            algo.ref_reset_optimizer)
+    if plan.release_after_update:
+        give_back_freed_memory()  # the activations and gradients the update freed, before the next rollout
     return result
 
 

@@ -31,6 +31,7 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.distributed.group import first_line
 from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup, cannot_restart
+from grpoplus.models.memory import give_back_freed_memory
 
 
 @ray.remote
@@ -44,6 +45,7 @@ class RolloutWorker:
 
         cfg = build_config(base=config)
         build_process(cfg)
+        self.release_memory = cfg.run.release_memory != "off"
         self.model, tokenizer = build_policy(cfg)  # the learner's weights come with sync()
         moe = check_replay(cfg.algo.routing_replay, self.model) is not None  # the sampler's routing, as in one process
         self.engine = build_engine(cfg, self.model, tokenizer, record_routing=moe)
@@ -56,6 +58,8 @@ class RolloutWorker:
         generator = torch.Generator()
         generator.set_state(state)
         rollouts = self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator)
+        if self.release_memory:
+            give_back_freed_memory()  # the KV cache and decode work, between rollouts
         return rollouts, generator.get_state()
 
     def sync(self, weights: dict, version: int) -> None:

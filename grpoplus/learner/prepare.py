@@ -42,6 +42,7 @@ class LearnerPlan:
     share_prompts: bool = True  # each distinct prompt of a forward computed once (grpoplus.learner.shared_prompt)
     gradient_checkpointing: bool = False  # decoder layers recomputed in backward (grpoplus.learner.checkpointing)
     trim_every: int = 0  # > 0: freed memory goes back to the system every this many layers of the backward
+    release_after_update: bool = False  # freed memory goes back to the system after each batch's update
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:

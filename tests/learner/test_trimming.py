@@ -1,16 +1,17 @@
-"""run.release_memory=eager: freed memory goes back to the system during the backward, every few layers,
-with the same gradients."""
+"""run.release_memory: freed memory goes back to the system after the rollout and after the update (phases), and
+during the backward every few layers with the same gradients (eager)."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpoplus.learner.trimming as trimming
-from grpoplus.build import build_learner_plan
+from grpoplus.build import build, build_learner_plan
 from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.trimming import trimmed_backward
+from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -49,3 +50,25 @@ def test_only_eager_release_trims_in_the_backward(mode, every):
     torch.manual_seed(0)
     cfg = build_config(overrides=[f"release_memory={mode}"])
     assert build_learner_plan(cfg, LlamaForCausalLM(LlamaConfig(**SMALL))).trim_every == every
+
+
+@pytest.mark.parametrize("mode, expected", [("phases", ["rollout", "update"]), ("eager", ["rollout", "update"]),
+                                            ("off", [])])
+def test_phases_give_back_after_the_rollout_and_on_the_learner_rank_after_the_update(mode, expected, tmp_path,
+                                                                                    monkeypatch):
+    import grpoplus.distributed.learner as learner_mod
+    import grpoplus.trainer as trainer_mod
+
+    calls = []
+    monkeypatch.setattr(trainer_mod, "give_back_freed_memory", lambda: calls.append("rollout"))
+    monkeypatch.setattr(learner_mod, "give_back_freed_memory", lambda: calls.append("update"))
+    cfg = build_config("grpo", overrides=[f"out={tmp_path}", "prompts_per_step=4", "group_size=4", "max_new_tokens=8",
+                                          "eval_size=4", "progress=false", "loggers=[]", "doctor_every=0", "threads=1",
+                                          f"release_memory={mode}"])
+    c = build(cfg)
+    try:
+        metrics, _ = train_step(cfg, c, 1)
+    finally:
+        c.close()
+    assert metrics["optim/grad_norm"] > 0  # the step updated
+    assert calls == expected
