@@ -22,8 +22,9 @@ steps (range too), the peak RSS, and for grpoplus the rollout / learner split, t
 MFU (6 x params x learner tokens / learner seconds, against the measured 145 GFLOP/s fp32
 matmul peak of this project's first 2-core machine; ``learner_mfu_now`` against the rate a 2048 x 2048
 matmul gets in the same process just before the run) and the decode's fraction of the weight-bandwidth
-bound (every weight read once per decode step at 26 GB/s). ``summary`` prints the medians of
-the calls and the ratios.
+bound (every weight read once per decode step at 26 GB/s): ``decode_bw_fraction`` for the decode
+steps (the rollout less the prompts' prefill, which ``prefill_s_median`` reports), ``rollout_bw_fraction``
+for the whole rollout. ``summary`` prints the medians of the calls and the ratios.
 """
 
 from __future__ import annotations
@@ -134,17 +135,19 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
     c = build(cfg)
+    prefill_s = timed_prefill()
     full = [p for p in c.learner.parts.model.parameters()]
     params = sum(p.numel() for p in full)
     weight_bytes = sum(p.numel() * p.element_size() for p in full)
     trainable = sum(p.numel() for p in full if p.requires_grad)
     times, rows = [], []
     for step in range(1, steps + 1):
-        t0 = time.perf_counter()
+        t0, prefilled = time.perf_counter(), sum(prefill_s)
         metrics, scored = train_step(cfg, c, step)
         times.append(time.perf_counter() - t0)
         r = scored.rollouts
-        rows.append({"rollout_s": metrics["time/rollout_s"], "learner_s": metrics["time/learner_s"],
+        rows.append({"rollout_s": metrics["time/rollout_s"], "prefill_s": sum(prefill_s) - prefilled,
+                     "learner_s": metrics["time/learner_s"],
                      "learner_tokens": float(computed_tokens(r, cfg.learner.share_prompts)),
                      "decode_steps": r.response_ids.shape[1], "reward": metrics.get("reward/mean", float("nan"))})
     c.close()
@@ -153,12 +156,32 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
     # 6 flops per parameter and token (forward 2, backward 4) for full fine-tuning; with LoRA the frozen
     # weights get no weight gradient (forward 2 + input-gradient 2 = 4).
     flops_per = 6 if trainable == params else 4
+    bound_s = weight_bytes * med["decode_steps"] / PEAK_GBS / 1e9  # every weight read once per decode step
     return {"side": "grpoplus", "overrides": " ".join(overrides), "params": params, "trainable": trainable,
             **spread(times, warmup), "rollout_s_median": round(med["rollout_s"], 2),
+            "prefill_s_median": round(med["prefill_s"], 2),
             "learner_s_median": round(med["learner_s"], 2), "learner_tokens": int(med["learner_tokens"]),
             "learner_mfu": round(flops_per * params * med["learner_tokens"] / med["learner_s"] / PEAK_GFLOPS / 1e9, 3),
-            "decode_bw_fraction": round(weight_bytes * med["decode_steps"] / PEAK_GBS / 1e9 / med["rollout_s"], 3),
+            # the decode steps alone (the rollout less the prompts' prefill), and the whole rollout
+            "decode_bw_fraction": round(bound_s / (med["rollout_s"] - med["prefill_s"]), 3),
+            "rollout_bw_fraction": round(bound_s / med["rollout_s"], 3),
             "reward_mean": round(med["reward"], 3)}
+
+
+def timed_prefill() -> list[float]:
+    """Seconds of every prompt prefill of the hf engine from now on (the list fills as it runs)."""
+    import grpoplus.rollout.hf as hf
+
+    spent, prefill = [], hf.prefill
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = prefill(*args, **kwargs)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    hf.prefill = timed
+    return spent
 
 
 def computed_tokens(r, share_prompts: bool) -> int:

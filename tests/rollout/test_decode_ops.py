@@ -78,7 +78,7 @@ def test_packed_linears_give_the_plain_results_and_are_restored(model, tok, prom
             if torch.backends.mkldnn.is_available():
                 assert "forward" in vars(model.lm_head)
             packed = model(**step).logits
-            other_rows = model(**enc).logits  # 4 x P rows: the plain GEMM
+            other_rows = model(**enc).logits  # 4 x P rows, other than the 4 it was reordered for
     assert not any("forward" in vars(m) for m in model.modules())
     torch.testing.assert_close(packed, plain, atol=1e-6, rtol=0)
     assert (packed[..., tok.eos_token_id] > 4.0).all()  # the hook's bonus is there

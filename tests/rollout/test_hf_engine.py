@@ -163,14 +163,17 @@ def test_packed_weights_unless_told_not_to_and_the_same_rollouts(model, tok, pro
     import grpoplus.rollout.hf as hf
 
     favour_eos(model, 3.0)
-    packs = []
-    real = hf.packed_linears
+    packs, prefilled_packed = [], []
+    real, real_prefill = hf.packed_linears, hf.prefill
     monkeypatch.setattr(hf, "packed_linears", lambda m, rows: packs.append(rows) or real(m, rows))
+    monkeypatch.setattr(hf, "prefill", lambda m, *a: prefilled_packed.append("forward" in vars(m.lm_head))
+                        or real_prefill(m, *a))
     params = SamplingParams(n=3, greedy=True, max_new_tokens=8)
     plain = HFEngine(model, tok, EngineOptions(extra={"pack_weights": False})).generate(prompts, params)
-    assert packs == []
+    assert packs == [] and prefilled_packed == [False]
     packed = HFEngine(model, tok).generate(prompts, params)
     assert packs == [12]
+    assert prefilled_packed[1:] == [torch.backends.mkldnn.is_available()]  # the prompts' prefill too
     assert torch.equal(plain.response_ids, packed.response_ids)
     torch.testing.assert_close(plain.logp_roll, packed.logp_roll, atol=1e-5, rtol=0)
 
