@@ -75,6 +75,17 @@ def spread(times: list[float], warmup: int) -> dict:
             "max_s": round(max(kept), 2), "steps_measured": len(kept)}
 
 
+def timed(fn, spent: list[float]):
+    """``fn``, appending the seconds of each call to ``spent``."""
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    return call
+
+
 def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -97,15 +108,8 @@ def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generate, decode_s = model.generate, []
-
-    def timed_generate(*args, **kwargs):  # TRL samples through model.generate on CPU
-        t0 = time.perf_counter()
-        out = generate(*args, **kwargs)
-        decode_s.append(time.perf_counter() - t0)
-        return out
-
-    model.generate = timed_generate
+    decode_s: list[float] = []
+    model.generate = timed(model.generate, decode_s)  # TRL samples through model.generate on CPU
     rows = chat_problems(steps * PROMPTS)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": e.prompt}] for e in rows],
                               "answer": [e.answer for e in rows]})
@@ -135,7 +139,10 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
     c = build(cfg)
-    prefill_s = timed_prefill()
+    import grpoplus.rollout.hf as hf
+
+    prefill_s: list[float] = []
+    hf.prefill = timed(hf.prefill, prefill_s)  # the hf engine's prompt prefill, from now on
     full = [p for p in c.learner.parts.model.parameters()]
     params = sum(p.numel() for p in full)
     weight_bytes = sum(p.numel() * p.element_size() for p in full)
@@ -166,22 +173,6 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
             "decode_bw_fraction": round(bound_s / (med["rollout_s"] - med["prefill_s"]), 3),
             "rollout_bw_fraction": round(bound_s / med["rollout_s"], 3),
             "reward_mean": round(med["reward"], 3)}
-
-
-def timed_prefill() -> list[float]:
-    """Seconds of every prompt prefill of the hf engine from now on (the list fills as it runs)."""
-    import grpoplus.rollout.hf as hf
-
-    spent, prefill = [], hf.prefill
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        out = prefill(*args, **kwargs)
-        spent.append(time.perf_counter() - t0)
-        return out
-
-    hf.prefill = timed
-    return spent
 
 
 def computed_tokens(r, share_prompts: bool) -> int:
