@@ -16,6 +16,7 @@ from grpoplus.algo import EntropyControl
 from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
+from grpoplus.learner.precision import ENGINE_DTYPES, check_precision, lower_frozen_linears, set_tf32
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.checkpointing import require_checkpointable
 from grpoplus.learner.replay import check_replay
@@ -56,6 +57,7 @@ def build_process(cfg: Config) -> None:
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
     torch.manual_seed(cfg.run.seed)
+    set_tf32(cfg.learner.tf32)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
 
@@ -63,6 +65,7 @@ def build_process(cfg: Config) -> None:
 def build(cfg: Config) -> Components:
     build_process(cfg)
     logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
+    check_precision(cfg.learner.precision, cfg.learner.device)
     check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
     routing = check_replay(cfg.algo.routing_replay, model)  # the MoE routing shape; None for a dense policy
@@ -114,7 +117,8 @@ def build_learner_parts(cfg: Config, model: torch.nn.Module):
 
     # With LoRA the reference is the same model with its adapters off (no second copy).
     copied = cfg.algo.beta > 0 and cfg.learner.lora_rank == 0
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
+    ref_model = lower_frozen_linears(copy.deepcopy(model).eval().requires_grad_(False), cfg.learner.precision) \
+        if copied else None
     optimizer, scheduler = build_optimizer(cfg, model)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo))
 
@@ -132,7 +136,7 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
                        share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing,
                        trim_every=EAGER_TRIM_LAYERS if cfg.run.release_memory == "eager" else 0,
-                       release_after_update=cfg.run.release_memory != "off")
+                       release_after_update=cfg.run.release_memory != "off", precision=lrn.precision)
 
 
 def logp_old_source(cfg: Config) -> str:
@@ -337,6 +341,7 @@ def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
                             max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
                             generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
+                            dtype=ENGINE_DTYPES[cfg.learner.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
     with phase(f"starting rollout engine {r.engine}"):
         return factory(model, tokenizer, options)

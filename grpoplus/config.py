@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from grpoplus.algo import AlgoConfig
+from grpoplus.learner.precision import PRECISIONS
 
 
 @dataclass
@@ -175,6 +176,12 @@ class LearnerConfig:
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
     """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
+    precision: str = "fp32"
+    """fp32 | bf16_mixed: float32 master weights, gradients and AdamW state with the matmuls of every learner
+    forward in bfloat16 (autocast; log-softmax and loss in float32), the reference's linear weights stored in
+    bfloat16, and the rollout engines sampling in bfloat16 (Micikevicius et al. 2018, arXiv:1710.03740)."""
+    tf32: bool = False
+    """float32 matmuls on an NVIDIA GPU use TF32 tensor cores (faster, 10-bit mantissa inputs); no effect on a CPU."""
     data_parallel: int = 1
     """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of
     every mini-batch; gradients are summed over the ranks, so the update is the one of a single process."""
@@ -226,6 +233,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.quantization": ("none", "bf16_rounded", "int8", "fp8"),
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
+    "learner.precision": PRECISIONS,
     "run.cluster": ("local", "ray"),
     "run.release_memory": ("off", "phases", "eager"),
     "ray.weight_sync": ("object_store", "collective"),

@@ -71,6 +71,7 @@ class ChunkedHeadLogProb(torch.autograd.Function):
                 entropy[rows] = lse[rows] - (z - lse[rows, None]).exp_().mul_(z).sum(-1)
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.temperature = temperature
+        ctx.autocast = _autocast_state(hidden.device.type)
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -83,15 +84,27 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         d_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None  # [V, H]
         for rows in _chunks(hidden.shape[0], weight.shape[0]):
             h = hidden[rows]  # [c, H]
-            z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
+            with _autocast_like(ctx.autocast, hidden.device.type):  # the forward's precision: the same z
+                z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
             dz = (z - lse[rows, None]).exp_().neg_()  # -softmax(z)
             dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
             dz.mul_(grad_logp[rows, None] / ctx.temperature)
             if need_h:
-                d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
+                with _autocast_like(ctx.autocast, hidden.device.type):
+                    d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:  # accumulated in float32 whatever the forward's precision
                 d_weight.addmm_(dz.T, h.to(lse.dtype))
         return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None
+
+
+def _autocast_state(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device_type`` (None: autocast off), to replay in a backward."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def _autocast_like(dtype: torch.dtype | None, device_type: str):
+    """Autocast to ``dtype`` as in the forward (a custom Function's backward runs outside it), or nothing."""
+    return nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 
 class TokenLogProb(torch.autograd.Function):

@@ -18,6 +18,7 @@ import torch
 from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.precision import autocast
 from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
 from grpoplus.models.lora import adapters_off
 from grpoplus.models.routing import RoutingSpec
@@ -43,6 +44,7 @@ class LearnerPlan:
     gradient_checkpointing: bool = False  # decoder layers recomputed in backward (grpoplus.learner.checkpointing)
     trim_every: int = 0  # > 0: freed memory goes back to the system every this many layers of the backward
     release_after_update: bool = False  # freed memory goes back to the system after each batch's update
+    precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -89,11 +91,12 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
     """No-grad log-probs [N, T] (and entropy) of the rollouts under ``model``, returned on the CPU;
     ``routing`` replays or records the MoE routing of its forwards."""
     device = next(model.parameters()).device
-    logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
-                                      rollouts.response_ids.to(device), rollouts.response_mask.to(device),
-                                      temperature=plan.temperature, with_entropy=with_entropy,
-                                      micro_batch_size=plan.micro_batch_size, routing=routing,
-                                      share_prompts=plan.share_prompts)
+    with autocast(plan.precision, device):
+        logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
+                                          rollouts.response_ids.to(device), rollouts.response_mask.to(device),
+                                          temperature=plan.temperature, with_entropy=with_entropy,
+                                          micro_batch_size=plan.micro_batch_size, routing=routing,
+                                          share_prompts=plan.share_prompts)
     return logp.cpu(), None if entropy is None else entropy.cpu()
 
 

@@ -22,6 +22,7 @@ from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
+from grpoplus.learner.precision import autocast
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.metrics.step import finite, reduce_metrics
@@ -124,7 +125,8 @@ def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
 def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
-    with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every):
+    with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every), \
+            autocast(plan.precision, mb.prompt_ids.device):
         if entropy_grad:
             return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                                  mb.response_mask, temperature=plan.temperature, routing=routing)

@@ -38,6 +38,9 @@ class EngineOptions:
     record_routing: bool = False
     """MoE policies: return the experts the sampler routed every token to (``Rollouts.routing``), for
     routing replay R3 and the routing-mismatch metrics; engines that can set ``returns_routing = True``."""
+    dtype: torch.dtype = torch.float32
+    """What the engine computes in: float32, or bfloat16 (``learner.precision=bf16_mixed``; the hf engine decodes
+    under autocast on bf16 weights, vLLM loads the weights in bf16)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 

@@ -20,7 +20,7 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
-from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
+from grpoplus.rollout.decode_ops import compute_in, decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 
@@ -45,7 +45,8 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torc
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor,
            params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None,
-           pack_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           pack_weights: bool = True, dtype: torch.dtype = torch.float32
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
 
     Each distinct prompt is prefilled once and its KV cache copied to its rows (a group of
@@ -61,13 +62,15 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         input_ids, attention_mask: [b, P] left-padded distinct prompts.
         repeats: [b] long, rows per prompt (n = repeats.sum()).
         stop_ids: [k] long, end-of-sequence ids.
+        dtype: float32, or bfloat16: the matmuls under autocast, the packed weights reordered in bfloat16.
 
     Returns:
         ``(tokens [n, T], mask [n, T] float, logp [n, T] float32, finished [n] bool)``,
         ``T <= params.max_new_tokens`` (the loop stops once every row has ended).
     """
     rows = int(repeats.sum())
-    with decode_attention(model), packed_linears(model, rows) if pack_weights else nullcontext():
+    packed = packed_linears(model, rows, dtype) if pack_weights else nullcontext()
+    with decode_attention(model), packed, compute_in(dtype, input_ids.device):
         state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens)
         return sample_loop(model, state, params, stop_ids, pad_id, generator)
 
@@ -165,6 +168,12 @@ class HFEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  options: EngineOptions = EngineOptions()):
         check_quantization(options.quantization, next(model.parameters()).device)
+        if options.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the hf engine computes in float32 or bfloat16, not {options.dtype}")
+        if options.dtype != torch.float32 and options.quantization == "int8":
+            raise ValueError("rollout.quantization=int8 samples with int8 kernels, which do not run under bfloat16 "
+                             "autocast: use learner.precision=fp32 with it, or rollout.quantization=none")
+        self.dtype = options.dtype
         if options.max_num_seqs is not None and options.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {options.max_num_seqs}")
         self.tokenizer = tokenizer
@@ -212,7 +221,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights)
+            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights, self.dtype)
                      for chunk in row_chunks(ids, mask, params.n, self.max_batch_size)]
         finally:
             self.model.train(was_training)

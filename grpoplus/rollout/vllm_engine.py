@@ -69,7 +69,8 @@ class VLLMEngine:
 
     ``options.quantization``: ``none``; ``int8`` (int8 weights per channel) or ``fp8`` (fp8 weights
     per channel, GPUs that have fp8), both quantized by vLLM as it loads and computed in bf16
-    (set ``dtype`` in ``options.extra``; vLLM refuses them in float32). ``options.extra``
+    (``learner.precision=bf16_mixed``, or ``dtype`` in ``options.extra``; vLLM refuses them in float32).
+    ``options.dtype`` is the dtype vLLM loads the weights in. ``options.extra``
     is passed to ``vllm.LLM`` as it is (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``),
     plus ``sleep_between_steps`` (bool, GPU only).
     """
@@ -125,7 +126,7 @@ class VLLMEngine:
         from vllm import LLM
 
         device = next(model.parameters()).device
-        kwargs = dict(model=self._dir, tokenizer=self._dir, dtype=str(next(model.parameters()).dtype).split(".")[-1],
+        kwargs = dict(model=self._dir, tokenizer=self._dir, dtype=str(self.options.dtype).split(".")[-1],
                       seed=self.options.seed, max_model_len=self.options.max_model_len,
                       logprobs_mode="processed_logprobs", quantization=QUANTIZATIONS[self.options.quantization],
                       enforce_eager=device.type == "cpu", enable_sleep_mode=self.sleep_between_steps)

@@ -165,7 +165,7 @@ def test_packed_weights_unless_told_not_to_and_the_same_rollouts(model, tok, pro
     favour_eos(model, 3.0)
     packs, prefilled_packed = [], []
     real, real_prefill = hf.packed_linears, hf.prefill
-    monkeypatch.setattr(hf, "packed_linears", lambda m, rows: packs.append(rows) or real(m, rows))
+    monkeypatch.setattr(hf, "packed_linears", lambda m, rows, dtype: packs.append(rows) or real(m, rows, dtype))
     monkeypatch.setattr(hf, "prefill", lambda m, *a: prefilled_packed.append("forward" in vars(m.lm_head))
                         or real_prefill(m, *a))
     params = SamplingParams(n=3, greedy=True, max_new_tokens=8)
@@ -191,6 +191,34 @@ def test_fp32_engine_shares_the_learner_and_restores_its_mode(model, tok, prompt
     model.train()
     engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2), generator=seeded(0))
     assert model.training
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_bf16_engine_samples_in_bf16_close_to_the_bf16_learner(model, tok, prompts, pack):
+    # learner.precision=bf16_mixed: the engine decodes under bf16 autocast (on bf16 reordered weights when
+    # packing), sharing the float32 master weights; its logp_roll is near the learner's bf16 forward, and the
+    # gap to the float32 forward is the bf16 rounding the mismatch metrics show.
+    from grpoplus.learner.precision import autocast
+
+    engine = HFEngine(model, tok, EngineOptions(dtype=torch.bfloat16, extra={"pack_weights": pack}))
+    assert engine.model is model
+    r = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=8), generator=seeded(3))
+    assert r.logp_roll.dtype == torch.float32
+    real = r.response_mask.bool()
+    fp32, _ = response_logprobs_from_rollouts(model, r)
+    with autocast("bf16_mixed", "cpu"):
+        bf16, _ = response_logprobs_from_rollouts(model, r)
+    to_fp32, to_bf16 = (fp32 - r.logp_roll).abs()[real], (bf16 - r.logp_roll).abs()[real]
+    assert 1e-4 < to_fp32.max() < 0.5
+    assert to_bf16.mean() < to_fp32.mean()
+
+
+@pytest.mark.parametrize("options, message", [(EngineOptions(dtype=torch.float16), "float32 or bfloat16"),
+                                              (EngineOptions(dtype=torch.bfloat16, quantization="int8"),
+                                               "learner.precision=fp32")])
+def test_engine_dtypes_the_hf_engine_cannot_run_are_refused(model, tok, options, message):
+    with pytest.raises(ValueError, match=message):
+        HFEngine(model, tok, options)
 
 
 def test_bf16_rounded_engine_mismatch_and_sync(model, tok, prompts):

