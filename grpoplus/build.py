@@ -72,23 +72,32 @@ def build(cfg: Config) -> Components:
     if cfg.run.cluster == "ray":
         return build_on_ray(cfg, task, train, test, model, tokenizer)
     model = build_lora(cfg, model)
-    parts = build_learner_parts(cfg, model)
     scorer = Scorer(build_rewards(cfg, task), train)
-    engine = build_engine(cfg, model, tokenizer, record_routing=routing is not None)
-    collect_plan = build_collect_plan(cfg, tokenizer)
-    sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
-    if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
-        collector = build_collector(cfg, engine, sampler, train, scorer, collect_plan, generator)
-        targets = (engine,)
-    else:  # sampling runs ahead of the learner on its own copy of the policy
-        from grpoplus.distributed.staleness import SnapshotEngine
+    group, launcher = start_learner_group(cfg)
+    try:
+        parts, plan = build_learner_rank_parts(cfg, model, group, reward_weights(scorer.pipeline.components))
+        policy = parts.policy  # a plain module holding the whole policy: what the engines sample with
+        engine = build_engine(cfg, policy, tokenizer, record_routing=routing is not None)
+        collect_plan = build_collect_plan(cfg, tokenizer)
+        sampler, generator = PromptSampler(len(train), cfg.run.seed), torch.Generator().manual_seed(cfg.run.seed)
+        if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
+            collector = build_collector(cfg, engine, sampler, train, scorer, collect_plan, generator)
+            targets = (engine,)
+        else:  # sampling runs ahead of the learner on its own copy of the policy
+            from grpoplus.distributed.staleness import SnapshotEngine
 
-        copy_model = copy.deepcopy(model)
-        sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer, record_routing=routing is not None),
-                                  copy_model)
-        collector = build_collector(cfg, sampling, sampler, train, scorer, collect_plan, generator)
-        targets = (engine, collector)
-    learner = build_local_learner(cfg, parts, targets, reward_weights(scorer.pipeline.components))
+            copy_model = copy.deepcopy(policy)
+            sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer, record_routing=routing is not None),
+                                      copy_model)
+            collector = build_collector(cfg, sampling, sampler, train, scorer, collect_plan, generator)
+            targets = (engine, collector)
+    except BaseException:
+        if launcher is not None:
+            launcher.close()
+        raise
+    from grpoplus.distributed.learner import Learner
+
+    learner = Learner(parts, cfg.algo, plan, group, targets, launcher=launcher)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, engine, scorer, sampler, generator,
                       collect_plan, learner, collector)
 
@@ -110,17 +119,38 @@ def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, sc
     return BoundedStaleness(collect_step, engine, sampler, generator, cfg.rollout.max_staleness)
 
 
-def build_learner_parts(cfg: Config, model: torch.nn.Module):
+def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Module | None = None):
     """The policy with its optimizer and schedule, the frozen reference when beta > 0, and the entropy
-    bonus's coefficient."""
+    bonus's coefficient; with ``learner.strategy=fsdp2`` over several ranks the policy is sharded here (rank 0
+    passes ``mirror``, its plain copy; the reference stays whole on every rank)."""
     from grpoplus.distributed.learner import LearnerParts
+    from grpoplus.distributed.sharding import shard
 
     # With LoRA the reference is the same model with its adapters off (no second copy).
     copied = cfg.algo.beta > 0 and cfg.learner.lora_rank == 0
     ref_model = lower_frozen_linears(copy.deepcopy(model).eval().requires_grad_(False), cfg.learner.precision) \
         if copied else None
+    if is_sharded(cfg):
+        shard(model, cfg.learner.precision)
     optimizer, scheduler = build_optimizer(cfg, model)
-    return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo))
+    return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror)
+
+
+def is_sharded(cfg: Config) -> bool:
+    """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
+    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
+
+
+def build_learner_rank_parts(cfg: Config, model: torch.nn.Module, group, rewards: tuple = ()):
+    """One local learner rank's (parts, plan): every rank starts from rank 0's weights (whatever it loaded
+    itself) and takes rank 0's reward weights (GDPO, for a rank that prepares batches); rank 0 of a sharded
+    learner keeps a plain copy of the policy for its engines and checkpoints."""
+    if group is not None:
+        group.broadcast_module(model)
+        rewards = group.broadcast_object(rewards)
+    mirror = copy.deepcopy(model) if is_sharded(cfg) and (group is None or group.rank == 0) else None
+    parts = build_learner_parts(cfg, model, mirror)
+    return parts, build_learner_plan(cfg, model, rewards)
 
 
 def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ()) -> LearnerPlan:
@@ -134,9 +164,11 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
                        reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
-                       share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing,
+                       share_prompts=lrn.share_prompts,
+                       gradient_checkpointing=lrn.gradient_checkpointing,
                        trim_every=EAGER_TRIM_LAYERS if cfg.run.release_memory == "eager" else 0,
-                       release_after_update=cfg.run.release_memory != "off", precision=lrn.precision)
+                       release_after_update=cfg.run.release_memory != "off", precision=lrn.precision,
+                       sharded=is_sharded(cfg))
 
 
 def logp_old_source(cfg: Config) -> str:
@@ -151,34 +183,31 @@ def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
     return tuple((c.name, c.weight) for c in components)
 
 
-def build_local_learner(cfg: Config, parts, targets: tuple, rewards: tuple):
-    """This process as the only learner rank, or as rank 0 of ``learner.data_parallel`` ranks on this
-    machine (started here) or under torchrun."""
+def start_learner_group(cfg: Config):
+    """(group, launcher): None, None for one learner rank; else this process joins as rank 0 of
+    ``learner.data_parallel`` ranks on this machine (started here: the launcher) or under torchrun."""
     from grpoplus.distributed.group import RankGroup
-    from grpoplus.distributed.learner import Learner
     from grpoplus.distributed.local import start_ranks
 
     if cfg.learner.data_parallel == 1:
-        return Learner(parts, cfg.algo, build_learner_plan(cfg, parts.model, rewards), targets=targets)
+        return None, None
     rendezvous, ranks = start_ranks(cfg)
     try:
         group = RankGroup.join(rendezvous)
-        if ranks is not None:
-            group.describe_peers = ranks.describe
-        return Learner(parts, cfg.algo, build_learner_plan(cfg, parts.model, rewards), group, targets,
-                       launcher=ranks)
     except BaseException:
         if ranks is not None:
             ranks.close()
         raise
+    if ranks is not None:
+        group.describe_peers = ranks.describe
+    return group, ranks
 
 
 def build_learner_rank(cfg: Config, device: str):
-    """What a follower learner rank builds: its parts and plan (the weights come from rank 0; it does not
-    prepare batches, so its plan needs no reward weights)."""
+    """What a follower learner rank builds before it joins the group: its copy of the policy."""
     build_process(cfg)
     model, _ = build_policy(cfg, device)
-    return build_learner_parts(cfg, model), build_learner_plan(cfg, model)
+    return model
 
 
 def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -> Components:

@@ -185,6 +185,10 @@ class LearnerConfig:
     data_parallel: int = 1
     """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of
     every mini-batch; gradients are summed over the ranks, so the update is the one of a single process."""
+    strategy: str = "replicate"
+    """How the learner ranks hold the model: replicate (every rank the whole model and optimizer) | fsdp2
+    (parameters, gradients and AdamW state sharded over the ranks with torch's FSDP2, each decoder layer
+    gathered just before it runs: per-rank memory of about 1/data_parallel; cluster=local, full fine-tuning)."""
     collective_timeout_s: float = 300.0
     """Longest a learner rank waits for the others (joining, the gradient all-reduce, an update's
     payload) before the run stops with an error naming the rank."""
@@ -234,6 +238,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.lr_schedule": ("constant", "cosine", "linear"),
     "learner.logp_old": ("auto", "recompute", "rollout"),
     "learner.precision": PRECISIONS,
+    "learner.strategy": ("replicate", "fsdp2"),
     "run.cluster": ("local", "ray"),
     "run.release_memory": ("off", "phases", "eager"),
     "ray.weight_sync": ("object_store", "collective"),
@@ -498,10 +503,24 @@ def _check_scale(cfg: Config) -> None:
                          f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
                          f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
                          f"{max(1, rows // lrn.data_parallel)} or fewer")
+    if lrn.strategy == "fsdp2" and lrn.data_parallel > 1:
+        _check_sharded(cfg)
     if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
         import os
 
         _check_local_devices(lrn.device, int(os.environ.get("LOCAL_WORLD_SIZE", lrn.data_parallel)))
+
+
+def _check_sharded(cfg: Config) -> None:
+    """What a sharded learner (learner.strategy=fsdp2) does not run yet, each with the setting that does."""
+    refused = [(cfg.run.cluster != "local", "cluster=ray", "cluster=local"),
+               (cfg.algo.routing_replay != "off", f"algo.routing_replay={cfg.algo.routing_replay}",
+                "routing_replay=off"),
+               (cfg.algo.ref_reset_every > 0, "algo.ref_reset_every", "ref_reset_every=0")]
+    for bad, what, fix in refused:
+        if bad:
+            raise ValueError(f"learner.strategy=fsdp2 does not run with {what} yet: set {fix}, or "
+                             "learner.strategy=replicate")
 
 
 def _check_local_devices(device: str, ranks: int) -> None:

@@ -114,6 +114,12 @@ class RankGroup:
         for tensor in [*module.parameters(), *module.buffers()]:
             self._call("the start-up weight broadcast", lambda t=tensor: dist.broadcast(t.data, src=0))
 
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` on every rank (a small picklable value)."""
+        box = [obj]
+        self._call("the start-up broadcast", lambda: dist.broadcast_object_list(box, src=0, group=self.objects))
+        return box[0]
+
     def send(self, command: str, payload=None) -> None:
         """Rank 0: a command to every other rank (the payload goes on the time-limited objects group)."""
         self._call(f"sending {command!r} to the other ranks",

@@ -8,6 +8,11 @@ its share of whole micro-batches, and the gradients are summed over the ranks be
 clipping (:func:`grpoplus.learner.update.optimizer_step`). Every rank steps the same
 optimizer on the same gradient, so the weights stay identical on every rank: rank 0's are
 the ones published to the engines and written to checkpoints.
+
+With ``learner.strategy=fsdp2`` every forward is a collective (:mod:`grpoplus.distributed.sharding`):
+rank 0 sends the scored groups instead, every rank prepares the whole batch and updates its
+shards, and publishing or saving gathers the whole weights (and optimizer state) from the
+shards on every rank, rank 0 keeping them in its plain copy of the policy.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.update import update_policy
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.distributed.group import RankGroup, RoleError
+from grpoplus.distributed.sharding import full_optimizer_state, load_full_optimizer_state, refresh_mirror
 
 
 @dataclass
@@ -35,6 +41,12 @@ class LearnerParts:
     optimizer: torch.optim.Optimizer
     scheduler: object
     entropy_control: A.EntropyControl  # the entropy bonus's coefficient (identical on every rank)
+    mirror: torch.nn.Module | None = None  # fsdp2, rank 0: the plain whole policy engines and checkpoints read
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The plain module that holds the whole policy (what engines sample with and checkpoints write)."""
+        return self.mirror if self.mirror is not None else self.model
 
 
 class Learner:
@@ -49,12 +61,13 @@ class Learner:
         self.parts, self.algo, self.plan, self.group = parts, algo, plan, group
         self.targets, self.launcher = targets, launcher
         self._broken = False  # a collective failed: the other ranks cannot be told to stop cleanly
-        if group is not None:
-            self._guard(lambda: start_from_rank0(parts, group))
 
     def learn(self, scored: ScoredGroups, step: int) -> UpdateResult:
         """Prepare the batch and run every optimizer step of it (on every rank)."""
         p = self.parts
+        if self.plan.sharded:  # every forward is a collective: every rank prepares the whole batch
+            self._tell("learn", (scored, step))
+            return self._guard(lambda: learn_step(p, scored, step, self.algo, self.plan, self.group))
         batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan)
         self._tell("update", (batch, step))
         result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan, self.group))
@@ -63,21 +76,27 @@ class Learner:
 
     def publish(self, version: int) -> None:
         """The policy's weights to every target; later rollouts carry ``version``."""
+        if self.plan.sharded:
+            self._tell("gather_weights", None)
+            self._guard(lambda: refresh_mirror(self.parts.mirror, self.parts.model))
         for target in self.targets:
-            target.sync_weights(self.parts.model, version)
+            target.sync_weights(self.parts.policy, version)
 
     def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
-        """A checkpoint of rank 0's weights, optimizer and entropy control (identical on every rank) plus the
-        trainer's ``state``."""
+        """A checkpoint of the whole weights, optimizer and entropy control (identical on every rank) plus the
+        trainer's ``state``: the same files whatever the strategy (a sharded learner's are gathered)."""
         p = self.parts
-        state = {**state, "optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
+        if self.plan.sharded:
+            self._tell("gather_optimizer", None)
+        optimizer = self._guard(lambda: optimizer_state(p, self.plan))
+        state = {**state, "optimizer": optimizer, "scheduler": p.scheduler.state_dict(),
                  "entropy_control": p.entropy_control.state_dict()}
-        return ckpt.save_checkpoint(run_dir, step, p.model, tokenizer, state, p.ref_model, keep=keep)
+        return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep)
 
     def load(self, path: Path) -> dict:
         """Every rank loads the checkpoint at ``path`` (a path every rank can read); returns its trainer state."""
         self._tell("load", str(path))
-        return load_step(self.parts, path)
+        return self._guard(lambda: load_step(self.parts, path, self.plan))
 
     def close(self) -> None:
         if self.group is not None:
@@ -113,13 +132,40 @@ def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoC
     return result
 
 
-def load_step(parts: LearnerParts, path: Path) -> dict:
+def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.AlgoConfig, plan: LearnerPlan,
+               group: RankGroup | None) -> UpdateResult:
+    """Prepare the whole batch and update, on this rank (a sharded learner's every rank runs this)."""
+    batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan)
+    result = update_step(parts, batch, step, algo, plan, group)
+    metrics.update(result.metrics)
+    return UpdateResult(metrics, entropy if entropy is not None else result.entropy)
+
+
+def trained_names(model: torch.nn.Module) -> list[str]:
+    """The names of the parameters the optimizer steps, in its order."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def optimizer_state(parts: LearnerParts, plan: LearnerPlan) -> dict:
+    """The optimizer's state as torch writes it for one process (a sharded learner's is gathered whole:
+    every rank calls this)."""
+    if not plan.sharded:
+        return parts.optimizer.state_dict()
+    whole = full_optimizer_state(parts.model, parts.optimizer)  # empty on ranks other than 0
+    return ckpt.optimizer_state_by_index(whole, trained_names(parts.model)) if whole else {}
+
+
+def load_step(parts: LearnerParts, path: Path, plan: LearnerPlan) -> dict:
     """Weights, optimizer, scheduler, entropy control and reference from the checkpoint at ``path``;
     returns its trainer state."""
     path = Path(path)
     ckpt.load_weights(parts.model, path)
     state = ckpt.load_state(path)
-    parts.optimizer.load_state_dict(state["optimizer"])
+    if plan.sharded:
+        load_full_optimizer_state(parts.model, parts.optimizer,
+                                  ckpt.optimizer_state_by_name(state["optimizer"], trained_names(parts.model)))
+    else:
+        parts.optimizer.load_state_dict(state["optimizer"])
     parts.scheduler.load_state_dict(state["scheduler"])
     if "entropy_control" in state:  # checkpoints written before the entropy bonus was wired lack it
         parts.entropy_control.load_state_dict(state["entropy_control"])
@@ -128,18 +174,13 @@ def load_step(parts: LearnerParts, path: Path) -> dict:
     return state
 
 
-def start_from_rank0(parts: LearnerParts, group: RankGroup) -> None:
-    """Every rank starts from rank 0's policy (and reference), whatever it loaded itself."""
-    group.broadcast_module(parts.model)
-    if parts.ref_model is not None:
-        group.broadcast_module(parts.ref_model)
-
-
 def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: RankGroup) -> None:
     """A follower rank (rank > 0): run rank 0's commands until it says stop."""
-    start_from_rank0(parts, group)
     handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan, group),
-                "load": lambda path: load_step(parts, path)}
+                "learn": lambda payload: learn_step(parts, *payload, algo, plan, group),
+                "gather_weights": lambda _: refresh_mirror(None, parts.model),
+                "gather_optimizer": lambda _: optimizer_state(parts, plan),
+                "load": lambda path: load_step(parts, path, plan)}
     while True:
         command, payload = group.receive()
         if command == "stop":

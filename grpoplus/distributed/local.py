@@ -81,13 +81,14 @@ def follow_torchrun(cfg: Config) -> None:
 
 def run_follower(config: dict, rendezvous: Rendezvous) -> None:
     """Entry point of a follower rank: its parts, the group, rank 0's commands until stop."""
-    from grpoplus.build import build_learner_rank
+    from grpoplus.build import build_learner_rank, build_learner_rank_parts
 
     try:
         cfg = build_config(base=config)
-        parts, plan = build_learner_rank(cfg, rendezvous.device)
+        model = build_learner_rank(cfg, rendezvous.device)
         group = RankGroup.join(rendezvous)
         try:
+            parts, plan = build_learner_rank_parts(cfg, model, group)
             follow(parts, cfg.algo, plan, group)
         finally:
             group.close()

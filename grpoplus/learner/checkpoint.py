@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from safetensors.torch import load_file, load_model, save_model
 
 from grpoplus.models.lora import ADAPTER_FILE, is_lora, load_adapters
@@ -122,7 +124,24 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     if missing or unexpected or reshaped:
         raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}, different shapes {reshaped[:5]}")
-    model.load_state_dict(state, strict=False)
+    if isinstance(model, FSDPModule):  # learner.strategy=fsdp2: every rank keeps its shards of the whole tensors
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        model.load_state_dict(state, strict=False)
+
+
+def optimizer_state_by_name(state: dict, names: list[str]) -> dict:
+    """torch's optimizer state dict (parameters numbered in the optimizer's order) keyed by the parameters'
+    ``names`` instead (the form :mod:`torch.distributed.checkpoint.state_dict` reads and writes)."""
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_index(state: dict, names: list[str]) -> dict:
+    """The inverse of :func:`optimizer_state_by_name`: a checkpoint holds one form whatever wrote it."""
+    index = {name: i for i, name in enumerate(names)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: v for n, v in state["state"].items()}, "param_groups": groups}
 
 
 def load_state(path: Path) -> dict:

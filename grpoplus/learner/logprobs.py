@@ -174,8 +174,8 @@ def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mas
                share_prompts=False):
     """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only."""
     t1 = tokens.shape[1]
-    hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1) \
-        if share_prompts else None
+    hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1,
+                                  always=share_prompts == "always") if share_prompts else None
     if hidden is None:
         hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
     where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
@@ -204,6 +204,8 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     keep_t = response_mask.bool().any(0).nonzero()
     t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
     n, T = response_ids.shape
+    if share_prompts == "always" and t1:  # two body passes whatever the rows (see response_logprobs)
+        t1 = max(t1, min(2, T))
     if t1 == 0:  # no response token at all: nothing to score
         zeros = response_mask.new_zeros(n, T, dtype=_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
@@ -216,17 +218,28 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
             with_entropy)
     # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
     with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
-        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts and routing is None) \
+        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False) \
             if head is not None else _logits_path(model, *args)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
 
 
-def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
-                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+LEARNER_FORWARD = "grpoplus_logprobs"
+"""A method of that name on the model is its learner forward (a sharded model's FSDP forward method, which
+gathers its parameters around the call): :func:`response_logprobs` goes through it."""
+
+
+def response_logprobs(model: torch.nn.Module, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`logprobs_of`, through the model's :data:`LEARNER_FORWARD` method when it has one."""
+    method = getattr(model, LEARNER_FORWARD, None)
+    return method(*args, **kwargs) if method is not None else logprobs_of(model, *args, **kwargs)
+
+
+def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
+                with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
+                share_prompts: bool | str = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -243,7 +256,10 @@ def response_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
         routing: MoE routing of the forwards (a ``grpoplus.learner.replay.LearnerRouting``, called
             with each forward's row slice and input-column slice); None: the router's own choice.
         share_prompts: compute each distinct prompt of a forward once (:mod:`grpoplus.learner.shared_prompt`)
-            where the model allows it (head path, no routing replay); False: every row's full sequence.
+            where the model allows it (head path, no routing replay); False: every row's full sequence;
+            "always": the prompt pass and the response pass even when no two rows share a prompt (and over at
+            least two response columns where the batch has them), so every forward runs the body as often
+            whatever its rows: a sharded learner's ranks must (grpoplus.distributed.sharding).
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).

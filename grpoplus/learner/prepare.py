@@ -45,6 +45,7 @@ class LearnerPlan:
     trim_every: int = 0  # > 0: freed memory goes back to the system every this many layers of the backward
     release_after_update: bool = False  # freed memory goes back to the system after each batch's update
     precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)
+    sharded: bool = False  # learner.strategy=fsdp2 over several ranks: every rank runs as many forwards
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:

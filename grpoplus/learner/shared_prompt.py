@@ -27,7 +27,8 @@ from transformers.cache_utils import DynamicLayer
 
 
 def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         position_ids: torch.Tensor, prompt_len: int, t1: int) -> torch.Tensor | None:
+                         position_ids: torch.Tensor, prompt_len: int, t1: int, always: bool = False
+                         ) -> torch.Tensor | None:
     """Last hidden states at the positions that predict the response tokens, prompts computed once.
 
     Args:
@@ -35,6 +36,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
         input_ids, attention_mask, position_ids: [n, prompt_len + t1] the row-by-row forward's inputs
             (left-padded prompts, then right-padded responses).
         prompt_len: the prompt columns; t1: the response columns (>= 1).
+        always: both passes even when every row's prompt is its own (the same body passes whatever the rows).
 
     Returns:
         [n, t1, H] hidden states at columns ``prompt_len - 1 .. prompt_len + t1 - 2``, or None when no
@@ -42,7 +44,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     """
     prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len].to(input_ids.dtype)], 1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # [u, 2P], [n]
-    if len(unique) == len(prompts) or prompt_len == 0:
+    if (len(unique) == len(prompts) and not always) or prompt_len == 0:
         return None
     cache = DynamicCache(config=model.config)
     if any(type(layer) is not DynamicLayer for layer in cache.layers):

@@ -67,12 +67,19 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
     micro = micro_batches(batch, plan)
+    mine = micro if group is None else group.share(micro)
     parts = [_micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
-                         entropy_coef, tally) for idx in (micro if group is None else group.share(micro))]
+                         entropy_coef, tally) for idx in mine]
+    if plan.sharded:  # every rank runs as many forwards as the busiest one: a copy of a micro-batch, no loss
+        pad = (mine or micro)[0]
+        for _ in range(-(-len(micro) // group.world) - len(mine)):
+            _micro_step(model, batch.rows(pad), pad, loss_mask[pad], norm.rows(pad), algo, plan, fused, entropy_coef,
+                        tally, scale=0.0)
     params = [p for p in model.parameters() if p.requires_grad]
     if group is not None:
         parts, tally = _gathered(group, parts, tally)
-        group.all_reduce_gradients(params)
+        if not plan.sharded:  # a sharded model's backward has reduced its gradients already
+            group.all_reduce_gradients(params)
     losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
     grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, error_if_nonfinite=False).item()
     stepped = math.isfinite(losses["loss/total"]) and math.isfinite(grad_norm)
@@ -87,16 +94,18 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
 
 
 def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tensor, norm, algo: AlgoConfig,
-                plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None) -> tuple:
-    """Forward and backward of the micro-batch of rows ``idx``. Returns (metrics, weight, its part of the
-    loss, idx, entropy [n, T] when pi_old comes from this forward, else None)."""
+                plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None,
+                scale: float = 1.0) -> tuple:
+    """Forward and backward of the micro-batch of rows ``idx`` (its loss times ``scale``: 0 for a sharded
+    rank's stand-in forward). Returns (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old
+    comes from this forward, else None)."""
     logp, entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
                              routing=training_routing(model, mb, plan, tally))
     logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
     loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask, algo,
                                 logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
                                 entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
     weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
     return metrics, weight, losses, idx, entropy.detach() if fused else None
@@ -125,6 +134,7 @@ def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
 def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
+    share = "always" if plan.sharded and plan.share_prompts else plan.share_prompts  # sharded: uniform passes
     with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every), \
             autocast(plan.precision, mb.prompt_ids.device):
         if entropy_grad:
@@ -132,7 +142,7 @@ def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entro
                                                  mb.response_mask, temperature=plan.temperature, routing=routing)
         return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                  temperature=plan.temperature, with_entropy=with_entropy, routing=routing,
-                                 share_prompts=plan.share_prompts)
+                                 share_prompts=share)
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:

@@ -77,3 +77,23 @@ def test_nothing_is_shared_without_repeated_prompts_or_with_a_sliding_window(gro
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     assert shared_prompt_hidden(windowed, ids, mask, positions, pid.shape[1], rid.shape[1]) is None
     assert shared_prompt_hidden(model, ids, mask, positions, pid.shape[1], rid.shape[1]) is not None
+
+
+@pytest.mark.parametrize("group, longest", [(1, None), (4, None), (4, 1)])
+def test_always_runs_two_body_passes_whatever_the_rows_with_the_same_logprobs(float64_norm, grouped_rows, group,
+                                                                             longest):
+    # A sharded learner's ranks must run their layers equally often: "always" runs the prompt pass and the
+    # response pass with unique prompts (group 1) and with one-token responses (longest 1) too.
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(LlamaConfig(**SMALL)).double()
+    pid, pm, rid, rm = grouped_rows(5, prompts=3, group=group)
+    if longest is not None:
+        rm = torch.zeros_like(rm)
+        rm[:, :longest] = 1
+    passes = []
+    model.model.embed_tokens.register_forward_hook(lambda *_: passes.append(1))
+    plain, _ = response_logprobs(model, pid, pm, rid, rm, share_prompts=False)
+    passes.clear()
+    always, _ = response_logprobs(model, pid, pm, rid, rm, share_prompts="always")
+    assert len(passes) == 2
+    assert torch.allclose(always, plain, rtol=0, atol=1e-12)

@@ -1,0 +1,115 @@
+"""Per-rank memory of the learner's model state: learner.strategy=replicate vs fsdp2, N gloo ranks on this machine.
+
+Each rank builds its learner exactly as ``grpoplus train learner.data_parallel=N`` does
+(rank 0's weights on every rank, then the strategy), runs two updates on the same synthetic
+batch (16 responses of 48 tokens after 80-token prompts, the dapo preset), and reports the
+bytes it holds of each part of the model state, counted from the tensors themselves
+(a sharded parameter's local shard): parameters, gradients (at the optimizer step, their
+largest), AdamW moments; and its peak RSS. Rank 0 of a sharded learner also holds its plain
+copy of the policy for the engines and checkpoints: reported apart (``mirror_mb``)::
+
+    python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy replicate
+    python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy fsdp2
+    python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy fsdp2 precision=bf16_mixed
+
+One JSON line per rank, then a summary line with the largest rank's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+PROMPT, RESPONSE, ROWS, GROUP = 80, 48, 16, 4
+
+
+def local_bytes(tensors) -> int:
+    """Bytes held on this rank: a DTensor's local shard, a plain tensor whole."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def synthetic_batch(vocab: int, with_logp_old: bool, seed: int = 0):
+    from grpoplus.containers import TrainBatch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab, (ROWS // GROUP, PROMPT), generator=g).repeat_interleave(GROUP, 0)
+    responses = torch.randint(0, vocab, (ROWS, RESPONSE), generator=g)
+    ones, logp = torch.ones(ROWS, RESPONSE), -torch.rand(ROWS, RESPONSE, generator=g)
+    return TrainBatch(prompts, torch.ones_like(prompts), responses, ones, ones.clone(),
+                      torch.randn(ROWS, generator=g), logp, logp.clone() if with_logp_old else None, None,
+                      torch.arange(ROWS // GROUP).repeat_interleave(GROUP))
+
+
+def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Queue") -> None:
+    from grpoplus.build import build_learner_rank, build_learner_rank_parts
+    from grpoplus.config import build_config
+    from grpoplus.distributed.group import RankGroup, Rendezvous
+    from grpoplus.distributed.learner import update_step
+
+    torch.set_num_threads(1)
+    cfg = build_config("dapo", overrides=[f"data_parallel={world}", *overrides])
+    model = build_learner_rank(cfg, "cpu")
+    group = RankGroup.join(Rendezvous(f"tcp://127.0.0.1:{port}", rank, world, "cpu", 600.0))
+    parts, plan = build_learner_rank_parts(cfg, model, group)
+    trained = [p for p in parts.model.parameters() if p.requires_grad]
+    grads = []
+    parts.optimizer.register_step_pre_hook(lambda *_: grads.append(local_bytes(p.grad for p in trained
+                                                                             if p.grad is not None)))
+    batch = synthetic_batch(model.config.vocab_size, with_logp_old=not plan.logp_old_from_forward)
+    for step in (1, 2):
+        update_step(parts, batch, step, cfg.algo, plan, group)
+    moments = [t for state in parts.optimizer.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0]
+    mb = 1 << 20
+    record = {"rank": rank, "strategy": cfg.learner.strategy, "precision": cfg.learner.precision,
+              "params_mb": local_bytes(parts.model.parameters()) / mb, "grads_mb": max(grads) / mb,
+              "adam_mb": local_bytes(moments) / mb,
+              "mirror_mb": 0.0 if parts.mirror is None else local_bytes(parts.mirror.parameters()) / mb,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    record["model_state_mb"] = record["params_mb"] + record["grads_mb"] + record["adam_mb"]
+    out.put(record)
+    group.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a Hugging Face model dir (or smollm2)")
+    parser.add_argument("--strategy", choices=("replicate", "fsdp2"), default="fsdp2")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="further config overrides (key=value)")
+    args = parser.parse_args()
+    from grpoplus.distributed.group import free_port
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides = [f"model={args.model}", f"strategy={args.strategy}", "micro_batch_size=4", *args.overrides]
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, args.ranks, port, overrides, queue)) for r in range(args.ranks)]
+    for proc in procs:
+        proc.start()
+    records = sorted((queue.get(timeout=1800) for _ in procs), key=lambda r: r["rank"])
+    for proc in procs:
+        proc.join()
+    for record in records:
+        print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in record.items()}))
+    top = max(records, key=lambda r: r["model_state_mb"])
+    print(json.dumps({"summary": args.strategy, "ranks": args.ranks, "overrides": args.overrides,
+                      "largest_rank_model_state_mb": round(top["model_state_mb"], 1),
+                      "largest_rank_peak_rss_mb": round(max(r["peak_rss_mb"] for r in records), 1)}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""``learner.strategy=fsdp2``: parameters, gradients and optimizer state sharded over the learner ranks.
+
+torch's FSDP2 (``fully_shard``, Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277) on every
+decoder layer and then on the causal LM itself (embedding, final norm, head): each rank keeps
+1/N of every parameter and of its AdamW moments, all-gathers a layer's parameters just before
+the layer runs and reduce-scatters its gradient in the backward. gloo on a CPU, NCCL on GPUs,
+one code path.
+
+Three things follow from every forward being a collective, and the learner honours them:
+
+- the learner's log-probs run as an FSDP forward method of the root (``LEARNER_FORWARD``): the
+  learner calls the body and uses the head's weight itself, outside the root's ``forward``, so
+  the root's hooks (unshard before, reduce-scatter after) are attached to that method instead;
+- every rank runs the same number of forwards: each rank prepares the whole batch (no-grad
+  passes included) and takes an equal number of micro-batches of each mini-batch, a rank short
+  of one running a copy of one of its own with no loss (:func:`grpoplus.learner.update.optimizer_step`);
+- every forward runs the same layers the same number of times: a shared-prompt forward runs its
+  prompt pass and its response pass whatever the rows (``share_prompts="always"``), where one
+  process skips the second pass when no two rows share a prompt.
+
+Gradients are summed over the ranks (the loss is normalised over the whole mini-batch,
+ALGORITHMS.md section 3), not averaged: FSDP2's divide factor is 1 and the reduction a sum.
+With ``learner.precision=bf16_mixed`` the layers' parameters are all-gathered in bf16 and their
+gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); the sharded master weights stay float32.
+
+Rank 0 keeps a plain full copy of the policy (the *mirror*): the in-process engine samples
+with it, checkpoints write it, and after every update it is refreshed one parameter at a time
+(each gathered whole from its shards, so the extra memory is one parameter).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+
+from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
+from grpoplus.learner.precision import ENGINE_DTYPES
+
+STRATEGIES = ("replicate", "fsdp2")
+"""The values of ``learner.strategy``."""
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"learner.strategy=fsdp2 shards a causal LM's decoder layers (model.model.layers); "
+                         f"{type(model).__name__} has none: use learner.strategy=replicate")
+    return list(layers)
+
+
+def shard(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """Shard ``model`` in place over the default process group (every rank calls this with the same weights)."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":  # FSDP2's default mesh and NCCL streams live on the current device
+        torch.cuda.set_device(device)
+    policy = MixedPrecisionPolicy(param_dtype=ENGINE_DTYPES[precision], reduce_dtype=torch.float32) \
+        if precision != "fp32" else MixedPrecisionPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    setattr(model, LEARNER_FORWARD, types.MethodType(lambda self, *args, **kwargs: logprobs_of(self, *args, **kwargs),
+                                                     model))
+    register_fsdp_forward_method(model, LEARNER_FORWARD)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # the sum over ranks: the loss is normalised globally
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def refresh_mirror(mirror: torch.nn.Module | None, model: torch.nn.Module) -> None:
+    """Every rank: each parameter gathered whole in turn (a collective); rank 0 copies it into its ``mirror``
+    (other ranks pass None). The extra memory is one parameter at a time."""
+    with torch.no_grad():
+        targets = dict(mirror.named_parameters()) if mirror is not None else {}
+        for name, param in model.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            if mirror is not None:
+                targets[name].copy_(full)
+            del full
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Every rank: the optimizer's whole state, keyed by parameter name, on the CPU (rank 0's copy is complete)."""
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                               cpu_offload=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Every rank: rank 0's whole optimizer state (see :func:`full_optimizer_state`) sharded into ``optimizer``."""
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

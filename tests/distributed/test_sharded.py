@@ -1,0 +1,90 @@
+"""learner.strategy=fsdp2: 2 gloo ranks shard the policy and train like one process (to float32 summation
+order), with uneven micro-batch shares, resume exactly after SIGKILL, and write checkpoints any strategy resumes."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpoplus.config import build_config
+from grpoplus.metrics import read_metrics
+
+SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
+         "progress=false", "loggers=[]", "threads=1", "doctor_every=0", "max_steps=4", "save_every=2",
+         "eval_every=2"]
+FSDP2 = ["data_parallel=2", "strategy=fsdp2"]
+
+
+def _train(out, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "grpoplus", "train", "--out", str(out), *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _resume(out, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(out), *overrides],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+
+
+def _weights(run, step=4) -> dict:
+    return load_file(run / "checkpoints" / f"step-{step}" / "model.safetensors")
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in records]
+
+
+def _close(a: list[dict], b: list[dict], rel: float) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(_comparable(a), _comparable(b)):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key] == pytest.approx(y[key], rel=rel, abs=1e-7), (x["step"], key)
+
+
+@pytest.mark.parametrize("micro", ["2", "3"])  # 3: a mini-batch of 8 rows makes 3 micro-batches, 2 on one rank
+def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):
+    common = ["--model", nano_dir, *SMALL, f"micro_batch_size={micro}"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _train(one, *common).returncode == 0
+    run = _train(two, *common, *FSDP2)
+    assert run.returncode == 0, run.stderr[-2000:]
+    _close(read_metrics(two), read_metrics(one), rel=1e-5)  # the same rollouts, rewards and losses
+    w1, w2 = _weights(one), _weights(two)
+    assert w1.keys() == w2.keys()
+    moved = max(float((w1[k] - load_file(one / "checkpoints/step-2/model.safetensors")[k]).abs().max()) for k in w1)
+    gap = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert gap < 1e-6 < moved, (gap, moved)
+
+
+def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process(nano_dir, tmp_path):
+    common = ["--model", nano_dir, *SMALL, "micro_batch_size=2", "beta=0.02"]
+    whole, killed, other = tmp_path / "whole", tmp_path / "killed", tmp_path / "other"
+    assert _train(whole, *common, *FSDP2).returncode == 0
+    run = _train(killed, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    assert run.returncode == -9  # rank 0 killed after step 3 was logged; its last checkpoint is step 2
+    resumed = _resume(killed)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _comparable(read_metrics(killed)) == _comparable(read_metrics(whole))
+    assert all(torch.equal(a, _weights(whole)[k]) for k, a in _weights(killed).items())
+    # The same checkpoint (weights + the optimizer state gathered from the shards) resumed by one process:
+    run = _train(other, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    assert run.returncode == -9
+    resumed = _resume(other, "data_parallel=1")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _close(read_metrics(other), read_metrics(whole), rel=1e-5)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster=ray", "cluster=ray yet: set cluster=local"),
+    ("routing_replay=r2", "routing_replay=r2 yet: set routing_replay=off"),
+    ("ref_reset_every=5 beta=0.01", "ref_reset_every yet: set ref_reset_every=0"),
+    ("strategy=zero3", "replicate, fsdp2"),
+])
+def test_what_a_sharded_learner_does_not_run_is_refused_in_one_line(override, message):
+    pytest.importorskip("ray")
+    with pytest.raises(ValueError, match=message):
+        build_config(overrides=[*FSDP2, "micro_batch_size=16", *override.split()])
