@@ -136,6 +136,11 @@ class RankGroup:
                                                                                            group=self.objects))
         return box[0], payload[0]
 
+    def collective(self, what: str, fn):
+        """Run ``fn``, whose torch collectives run on the default group (a sharded model's update, its
+        weights gathered): a peer that died or did not answer in time is a :class:`RoleError`."""
+        return self._call(what, fn)
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -67,7 +67,9 @@ class Learner:
         p = self.parts
         if self.plan.sharded:  # every forward is a collective: every rank prepares the whole batch
             self._tell("learn", (scored, step))
-            return self._guard(lambda: learn_step(p, scored, step, self.algo, self.plan, self.group))
+            return self._guard(lambda: self.group.collective(
+                f"the sharded update of step {step}", lambda: learn_step(p, scored, step, self.algo, self.plan,
+                                                                         self.group)))
         batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan)
         self._tell("update", (batch, step))
         result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan, self.group))
@@ -78,7 +80,8 @@ class Learner:
         """The policy's weights to every target; later rollouts carry ``version``."""
         if self.plan.sharded:
             self._tell("gather_weights", None)
-            self._guard(lambda: refresh_mirror(self.parts.mirror, self.parts.model))
+            self._guard(lambda: self.group.collective("gathering the sharded weights",
+                                                      lambda: refresh_mirror(self.parts.mirror, self.parts.model)))
         for target in self.targets:
             target.sync_weights(self.parts.policy, version)
 
@@ -88,7 +91,10 @@ class Learner:
         p = self.parts
         if self.plan.sharded:
             self._tell("gather_optimizer", None)
-        optimizer = self._guard(lambda: optimizer_state(p, self.plan))
+            optimizer = self._guard(lambda: self.group.collective("gathering the sharded optimizer state",
+                                                                  lambda: optimizer_state(p, self.plan)))
+        else:
+            optimizer = p.optimizer.state_dict()
         state = {**state, "optimizer": optimizer, "scheduler": p.scheduler.state_dict(),
                  "entropy_control": p.entropy_control.state_dict()}
         return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep)

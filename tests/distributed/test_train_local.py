@@ -130,10 +130,11 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_learner_rank_killed_mid_run_stops_the_run_with_its_name_and_resume_works(nano_dir, tmp_path):
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp2"])
+def test_a_learner_rank_killed_mid_run_stops_the_run_with_its_name_and_resume_works(nano_dir, tmp_path, strategy):
     out = tmp_path / "run"
     args = ["--model", nano_dir, "--out", str(out), "max_steps=5", "save_every=2", "eval_every=0",
-            "data_parallel=2", "collective_timeout_s=60", *SMALL]
+            "data_parallel=2", "collective_timeout_s=60", f"strategy={strategy}", *SMALL]
     proc = subprocess.Popen([sys.executable, "-m", "grpoplus", "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and not (out / "checkpoints" / "step-2").is_dir():
