@@ -57,7 +57,8 @@ def build_process(cfg: Config) -> None:
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
     torch.manual_seed(cfg.run.seed)
-    set_tf32(cfg.learner.tf32)
+    if cfg.learner.device.startswith("cuda"):
+        set_tf32(cfg.learner.tf32)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
 
