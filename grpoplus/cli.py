@@ -1,4 +1,4 @@
-"""``grpoplus`` command line: train | report | compare | doctor | presets | lab."""
+"""``grpoplus`` command line: train | report | compare | doctor | export | presets | lab."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def _presets(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from grpoplus.export import register_export
     from grpoplus.lab.cli import register_lab
     from grpoplus.metrics.commands import register_commands
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     register_commands(sub)
+    register_export(sub)
     sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=_presets)
     register_lab(sub)
     return parser

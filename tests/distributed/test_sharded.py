@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
+from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
 
@@ -70,6 +72,12 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _comparable(read_metrics(killed)) == _comparable(read_metrics(whole))
     assert all(torch.equal(a, _weights(whole)[k]) for k, a in _weights(killed).items())
+    # `grpoplus export`: the sharded run's newest checkpoint as a plain Hugging Face directory
+    assert main(["export", str(whole), "--out", str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    state = exported.state_dict()
+    assert all(torch.equal(state[k], w) for k, w in _weights(whole).items())
+    assert not (tmp_path / "hf" / "trainer_state.pt").exists()
     # The same checkpoint (weights + the optimizer state gathered from the shards) resumed by one process:
     run = _train(other, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
     assert run.returncode == -9
