@@ -96,3 +96,19 @@ def test_what_a_sharded_learner_does_not_run_is_refused_in_one_line(override, me
     pytest.importorskip("ray")
     with pytest.raises(ValueError, match=message):
         build_config(overrides=[*FSDP2, "micro_batch_size=16", *override.split()])
+
+
+def test_sharded_bf16_mixed_trains_close_to_one_process_bf16(nano_dir, tmp_path):
+    # Under fsdp2, bf16_mixed gathers the layers' parameters in bf16 (FSDP2's MixedPrecisionPolicy), so the
+    # norms and the residual stream run in bf16 too, where one process keeps them in float32 under autocast:
+    # the runs agree to bf16 rounding, not float32's.
+    common = ["--model", nano_dir, *SMALL, "micro_batch_size=2", "precision=bf16_mixed"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _train(one, *common).returncode == 0
+    run = _train(two, *common, *FSDP2)
+    assert run.returncode == 0, run.stderr[-2000:]
+    w1, w2 = _weights(one), _weights(two)
+    assert all(w.dtype == torch.float32 for w in w2.values())  # the master weights
+    gap = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert 0 < gap < 2e-3, gap
+    assert read_metrics(two)[-1]["mismatch/abs_p_diff_max"] > 0
