@@ -102,6 +102,9 @@ class Learner:
     def load(self, path: Path) -> dict:
         """Every rank loads the checkpoint at ``path`` (a path every rank can read); returns its trainer state."""
         self._tell("load", str(path))
+        if self.plan.sharded:  # the shards are set from the whole tensors: collectives
+            return self._guard(lambda: self.group.collective(f"loading {path}",
+                                                             lambda: load_step(self.parts, path, self.plan)))
         return self._guard(lambda: load_step(self.parts, path, self.plan))
 
     def close(self) -> None:
