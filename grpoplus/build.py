@@ -16,7 +16,7 @@ from grpoplus.algo import EntropyControl
 from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
-from grpoplus.learner.precision import ENGINE_DTYPES, check_precision, lower_frozen_linears, set_tf32
+from grpoplus.learner.precision import COMPUTE_DTYPES, check_precision, lower_frozen_linears, set_tf32
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.checkpointing import require_checkpointable
 from grpoplus.learner.replay import check_replay
@@ -371,7 +371,7 @@ def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
                             max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
                             generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
-                            dtype=ENGINE_DTYPES[cfg.learner.precision],
+                            dtype=COMPUTE_DTYPES[cfg.learner.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
     with phase(f"starting rollout engine {r.engine}"):
         return factory(model, tokenizer, options)

@@ -39,7 +39,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
-from grpoplus.learner.precision import ENGINE_DTYPES
+from grpoplus.learner.precision import COMPUTE_DTYPES
 
 STRATEGIES = ("replicate", "fsdp2")
 """The values of ``learner.strategy``."""
@@ -57,7 +57,7 @@ def shard(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     device = next(model.parameters()).device
     if device.type == "cuda":  # FSDP2's default mesh and NCCL streams live on the current device
         torch.cuda.set_device(device)
-    policy = MixedPrecisionPolicy(param_dtype=ENGINE_DTYPES[precision], reduce_dtype=torch.float32) \
+    policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32) \
         if precision != "fp32" else MixedPrecisionPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)

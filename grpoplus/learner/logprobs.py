@@ -22,6 +22,7 @@ from functools import partial
 
 import torch
 
+from grpoplus.learner.precision import autocast_to
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.lora import compute_module
 from grpoplus.rollout.base import Rollouts
@@ -84,13 +85,13 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         d_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None  # [V, H]
         for rows in _chunks(hidden.shape[0], weight.shape[0]):
             h = hidden[rows]  # [c, H]
-            with _autocast_like(ctx.autocast, hidden.device.type):  # the forward's precision: the same z
+            with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
                 z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
             dz = (z - lse[rows, None]).exp_().neg_()  # -softmax(z)
             dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
             dz.mul_(grad_logp[rows, None] / ctx.temperature)
             if need_h:
-                with _autocast_like(ctx.autocast, hidden.device.type):
+                with autocast_to(ctx.autocast, hidden.device):
                     d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:  # accumulated in float32 whatever the forward's precision
                 d_weight.addmm_(dz.T, h.to(lse.dtype))
@@ -98,13 +99,9 @@ class ChunkedHeadLogProb(torch.autograd.Function):
 
 
 def _autocast_state(device_type: str) -> torch.dtype | None:
-    """The autocast dtype in force for ``device_type`` (None: autocast off), to replay in a backward."""
+    """The autocast dtype in force for ``device_type`` (None: autocast off), to replay in a backward (a custom
+    Function's backward runs outside the forward's autocast)."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-
-
-def _autocast_like(dtype: torch.dtype | None, device_type: str):
-    """Autocast to ``dtype`` as in the forward (a custom Function's backward runs outside it), or nothing."""
-    return nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 
 class TokenLogProb(torch.autograd.Function):

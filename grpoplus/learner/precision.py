@@ -28,8 +28,9 @@ import torch
 PRECISIONS = ("fp32", "bf16_mixed")
 """The values of ``learner.precision``."""
 
-ENGINE_DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.bfloat16}
-"""The dtype the rollout engines sample in, per ``learner.precision``."""
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.bfloat16}
+"""The dtype the matmuls run in, per ``learner.precision``: the learner's autocast, FSDP2's gathered
+parameters, the frozen reference's linear weights, the rollout engines."""
 
 
 def _device_type(device: str | torch.device) -> str:
@@ -38,9 +39,14 @@ def _device_type(device: str | torch.device) -> str:
 
 def autocast(precision: str, device: str | torch.device):
     """The context every learner forward runs in: bf16 autocast for ``bf16_mixed``, nothing for ``fp32``."""
-    if precision == "fp32":
+    return autocast_to(COMPUTE_DTYPES[precision], device)
+
+
+def autocast_to(dtype: torch.dtype | None, device: str | torch.device):
+    """Autocast to ``dtype`` on ``device``'s type; nothing for float32 or None (the weights' own precision)."""
+    if dtype is None or dtype == torch.float32:
         return nullcontext()
-    return torch.autocast(_device_type(device), dtype=torch.bfloat16)
+    return torch.autocast(_device_type(device), dtype=dtype)
 
 
 def check_precision(precision: str, device: str | torch.device) -> None:
@@ -77,7 +83,7 @@ def lower_frozen_linears(model: torch.nn.Module, precision: str) -> torch.nn.Mod
     (a head tied to the embedding) stays as it is: the embedding lookup is not autocast."""
     if precision == "fp32":
         return model
-    dtype = ENGINE_DTYPES[precision]
+    dtype = COMPUTE_DTYPES[precision]
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear)
               for p in m.parameters(recurse=False)}
     for module in model.modules():

@@ -117,11 +117,6 @@ def decode_attention(model: torch.nn.Module):
             model.set_attn_implementation("sdpa")
 
 
-def compute_in(dtype: torch.dtype, device: torch.device):
-    """The decode's precision: float32 as the weights are, or bf16 autocast (``learner.precision=bf16_mixed``)."""
-    return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
-
-
 def packed_linears(model: torch.nn.Module, rows: int, dtype: torch.dtype = torch.float32):
     """Within the block, ``model``'s fp32 ``nn.Linear`` layers multiply by a copy of their weight that
     oneDNN reordered once for inputs of about ``rows`` rows (any row count works), in ``dtype`` (float32,

@@ -17,10 +17,11 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.learner.precision import autocast_to
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
-from grpoplus.rollout.decode_ops import compute_in, decode_attention, expand_to_rows, packed_linears
+from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 
@@ -70,7 +71,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """
     rows = int(repeats.sum())
     packed = packed_linears(model, rows, dtype) if pack_weights else nullcontext()
-    with decode_attention(model), packed, compute_in(dtype, input_ids.device):
+    with decode_attention(model), packed, autocast_to(dtype, input_ids.device):
         state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens)
         return sample_loop(model, state, params, stop_ids, pad_id, generator)
 
