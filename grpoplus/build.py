@@ -165,8 +165,7 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=cfg.algo.routing_replay,
                        routing_spec=check_replay(cfg.algo.routing_replay, model), seed=cfg.run.seed,
                        reward_weights=rewards, reference_adapters_off=lrn.lora_rank > 0 and cfg.algo.beta > 0,
-                       share_prompts=lrn.share_prompts,
-                       gradient_checkpointing=lrn.gradient_checkpointing,
+                       share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing,
                        trim_every=EAGER_TRIM_LAYERS if cfg.run.release_memory == "eager" else 0,
                        release_after_update=cfg.run.release_memory != "off", precision=lrn.precision,
                        sharded=is_sharded(cfg))

@@ -67,9 +67,8 @@ class Learner:
         p = self.parts
         if self.plan.sharded:  # every forward is a collective: every rank prepares the whole batch
             self._tell("learn", (scored, step))
-            return self._guard(lambda: self.group.collective(
-                f"the sharded update of step {step}", lambda: learn_step(p, scored, step, self.algo, self.plan,
-                                                                         self.group)))
+            return self._collective(f"the sharded update of step {step}",
+                                    lambda: learn_step(p, scored, step, self.algo, self.plan, self.group))
         batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan)
         self._tell("update", (batch, step))
         result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan, self.group))
@@ -80,8 +79,8 @@ class Learner:
         """The policy's weights to every target; later rollouts carry ``version``."""
         if self.plan.sharded:
             self._tell("gather_weights", None)
-            self._guard(lambda: self.group.collective("gathering the sharded weights",
-                                                      lambda: refresh_mirror(self.parts.mirror, self.parts.model)))
+            self._collective("gathering the sharded weights",
+                             lambda: refresh_mirror(self.parts.mirror, self.parts.model))
         for target in self.targets:
             target.sync_weights(self.parts.policy, version)
 
@@ -91,10 +90,9 @@ class Learner:
         p = self.parts
         if self.plan.sharded:
             self._tell("gather_optimizer", None)
-            optimizer = self._guard(lambda: self.group.collective("gathering the sharded optimizer state",
-                                                                  lambda: optimizer_state(p, self.plan)))
+            optimizer = self._collective("gathering the sharded optimizer state", lambda: optimizer_state(p, self.plan))
         else:
-            optimizer = p.optimizer.state_dict()
+            optimizer = optimizer_state(p, self.plan)
         state = {**state, "optimizer": optimizer, "scheduler": p.scheduler.state_dict(),
                  "entropy_control": p.entropy_control.state_dict()}
         return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep)
@@ -103,8 +101,7 @@ class Learner:
         """Every rank loads the checkpoint at ``path`` (a path every rank can read); returns its trainer state."""
         self._tell("load", str(path))
         if self.plan.sharded:  # the shards are set from the whole tensors: collectives
-            return self._guard(lambda: self.group.collective(f"loading {path}",
-                                                             lambda: load_step(self.parts, path, self.plan)))
+            return self._collective(f"loading {path}", lambda: load_step(self.parts, path, self.plan))
         return self._guard(lambda: load_step(self.parts, path, self.plan))
 
     def close(self) -> None:
@@ -118,6 +115,10 @@ class Learner:
     def _tell(self, command: str, payload) -> None:
         if self.group is not None:
             self._guard(lambda: self.group.send(command, payload))
+
+    def _collective(self, what: str, fn):
+        """``fn``'s collectives on every rank (a sharded learner's): a peer's failure is a RoleError naming ``what``."""
+        return self._guard(lambda: self.group.collective(what, fn))
 
     def _guard(self, fn):
         try:

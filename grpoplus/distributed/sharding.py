@@ -41,8 +41,6 @@ from torch.distributed.tensor import DTensor
 from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
 from grpoplus.learner.precision import COMPUTE_DTYPES
 
-STRATEGIES = ("replicate", "fsdp2")
-"""The values of ``learner.strategy``."""
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     layers = getattr(getattr(model, "model", None), "layers", None)
@@ -70,10 +68,6 @@ def shard(model: torch.nn.Module, precision: str) -> torch.nn.Module:
             module.set_gradient_divide_factor(1.0)  # the sum over ranks: the loss is normalised globally
             module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
     return model
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
 
 
 def refresh_mirror(mirror: torch.nn.Module | None, model: torch.nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""learner.precision=bf16_mixed: bf16 matmuls, float32 master weights / gradients / AdamW state, a bounded gap to fp32."""
+"""learner.precision=bf16_mixed: bf16 matmuls, float32 master weights, gradients and AdamW state, a bounded gap."""
 
 import copy
 
