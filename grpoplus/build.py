@@ -151,7 +151,16 @@ def build_learner_rank_parts(cfg: Config, model: torch.nn.Module, group, rewards
         rewards = group.broadcast_object(rewards)
     mirror = copy.deepcopy(model) if is_sharded(cfg) and (group is None or group.rank == 0) else None
     parts = build_learner_parts(cfg, model, mirror)
+    if group is not None:
+        parts.hooks = rank_hooks(cfg, parts.model, group)
     return parts, build_learner_plan(cfg, model, rewards)
+
+
+def rank_hooks(cfg: Config, model: torch.nn.Module, group):
+    """How this rank's updates meet the other ranks': DDP (replicate) or the sharded model's collectives."""
+    from grpoplus.distributed.placement import ReplicateHooks, ShardHooks
+
+    return ShardHooks(group) if is_sharded(cfg) else ReplicateHooks(group, model)
 
 
 def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ()) -> LearnerPlan:

@@ -1,8 +1,8 @@
-"""The learner ranks' torch.distributed group: work shares, the gradient all-reduce, commands.
+"""The learner ranks' torch.distributed group: work shares, commands, guarded collectives.
 
 Three process groups, because their waits differ:
 
-- ``compute`` (the default group; gloo on CPU, NCCL on GPU): the gradient all-reduce and the
+- ``compute`` (the default group; gloo on CPU, NCCL on GPU): the gradient collectives and the
   start-up weight broadcast, bounded by ``learner.collective_timeout_s``;
 - ``objects`` (gloo; the default group itself on CPU): the pickled payloads of an update (the
   batch, every rank's micro-batch metrics), bounded by the same limit;
@@ -20,13 +20,13 @@ from __future__ import annotations
 import datetime
 import socket
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0
-BUCKET_ELEMENTS = 1 << 24  # gradient elements per all-reduce call (64 MiB of float32)
 RESUME_HINT = ("the run directory keeps its last complete checkpoint: continue with "
                "`grpoplus train --resume RUN`")
 
@@ -94,21 +94,6 @@ class RankGroup:
         self._call("gathering the micro-batch results", lambda: dist.all_gather_object(out, items, group=self.objects))
         return [item for part in out for item in part]
 
-    def all_reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum each gradient over the ranks, in place. A rank that computed none adds zeros; a parameter
-        that no rank computed a gradient for keeps ``grad=None``, exactly as in one process."""
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
-        self._call("the gradient all-reduce", lambda: dist.all_reduce(has))
-        live = [p for p, h in zip(params, has.tolist()) if h > 0]
-        for p in live:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        for bucket in buckets([p.grad for p in live]):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            self._call("the gradient all-reduce", lambda: dist.all_reduce(flat))
-            for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
-                g.copy_(part.view_as(g))
-
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers on every rank (once, when the group starts)."""
         for tensor in [*module.parameters(), *module.buffers()]:
@@ -141,6 +126,14 @@ class RankGroup:
         weights gathered): a peer that died or did not answer in time is a :class:`RoleError`."""
         return self._call(what, fn)
 
+    @contextmanager
+    def guarding(self, what: str):
+        """The block's collectives (an update's backward) as :meth:`collective` guards ``fn``'s."""
+        try:
+            yield
+        except RuntimeError as err:
+            raise self._failure(what, err) from err
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -149,23 +142,13 @@ class RankGroup:
         try:
             return fn()
         except RuntimeError as err:  # gloo/NCCL: a peer closed its connection, or the time limit passed
-            peers = self.describe_peers()
-            raise RoleError(f"learner rank {self.rank} of {self.world}: {what} failed ({first_line(err)}; time "
-                            f"limit {self.timeout_s:.0f} s, learner.collective_timeout_s){'; ' + peers if peers else ''}"
-                            f"; another learner rank died or stopped answering (see its log); {RESUME_HINT}") from err
+            raise self._failure(what, err) from err
 
-
-def buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Consecutive tensors (gradients, weights) of one dtype, at most ``BUCKET_ELEMENTS`` per bucket (a larger one alone)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for g in grads:
-        if not out or out[-1][0].dtype != g.dtype or size + g.numel() > BUCKET_ELEMENTS:
-            out.append([])
-            size = 0
-        out[-1].append(g)
-        size += g.numel()
-    return out
+    def _failure(self, what: str, err: RuntimeError) -> RoleError:
+        peers = self.describe_peers()
+        return RoleError(f"learner rank {self.rank} of {self.world}: {what} failed ({first_line(err)}; time "
+                         f"limit {self.timeout_s:.0f} s, learner.collective_timeout_s){'; ' + peers if peers else ''}"
+                         f"; another learner rank died or stopped answering (see its log); {RESUME_HINT}")
 
 
 def _on_cpu(obj):

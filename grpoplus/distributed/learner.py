@@ -4,15 +4,16 @@ One process is a group of one. With ``learner.data_parallel = N`` rank 0 prepare
 exactly as one process does (``logp_old``, ``logp_ref``, advantages, loss masks) and sends
 the whole :class:`TrainBatch` to the other ranks; every rank then computes the global loss
 mask and norm of each mini-batch (ALGORITHMS.md section 3) - the same on every rank - takes
-its share of whole micro-batches, and the gradients are summed over the ranks before
-clipping (:func:`grpoplus.learner.update.optimizer_step`). Every rank steps the same
+its share of whole micro-batches, and DDP sums the gradients over the ranks before clipping
+(:mod:`grpoplus.distributed.placement`). Every rank steps the same
 optimizer on the same gradient, so the weights stay identical on every rank: rank 0's are
 the ones published to the engines and written to checkpoints.
 
 With ``learner.strategy=fsdp2`` every forward is a collective (:mod:`grpoplus.distributed.sharding`):
 rank 0 sends the scored groups instead, every rank prepares the whole batch and updates its
-shards, and publishing or saving gathers the whole weights (and optimizer state) from the
-shards on every rank, rank 0 keeping them in its plain copy of the policy.
+shards, and publishing gathers the whole weights from the shards on every rank, rank 0 keeping
+them in its plain copy of the policy; a checkpoint holds those weights and every rank's
+optimizer shards.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from grpoplus import algo as A
 from grpoplus.containers import ScoredGroups, TrainBatch, UpdateResult
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.learner.prepare import LearnerPlan, prepare
+from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.update import update_policy
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.distributed.group import RankGroup, RoleError
-from grpoplus.distributed.sharding import full_optimizer_state, load_full_optimizer_state, refresh_mirror
+from grpoplus.distributed.sharding import refresh_mirror, save_optimizer_shards
 
 
 @dataclass
@@ -42,6 +44,7 @@ class LearnerParts:
     scheduler: object
     entropy_control: A.EntropyControl  # the entropy bonus's coefficient (identical on every rank)
     mirror: torch.nn.Module | None = None  # fsdp2, rank 0: the plain whole policy engines and checkpoints read
+    hooks: UpdateHooks = ONE_PROCESS  # how an update meets the other ranks (grpoplus.distributed.placement)
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -68,10 +71,10 @@ class Learner:
         if self.plan.sharded:  # every forward is a collective: every rank prepares the whole batch
             self._tell("learn", (scored, step))
             return self._collective(f"the sharded update of step {step}",
-                                    lambda: learn_step(p, scored, step, self.algo, self.plan, self.group))
+                                    lambda: learn_step(p, scored, step, self.algo, self.plan))
         batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan)
         self._tell("update", (batch, step))
-        result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan, self.group))
+        result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan))
         metrics.update(result.metrics)
         return UpdateResult(metrics, entropy if entropy is not None else result.entropy)
 
@@ -86,23 +89,26 @@ class Learner:
 
     def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
         """A checkpoint of the whole weights, optimizer and entropy control (identical on every rank) plus the
-        trainer's ``state``: the same files whatever the strategy (a sharded learner's are gathered)."""
+        trainer's ``state``; a sharded learner's ranks each write their optimizer shards into it."""
         p = self.parts
-        if self.plan.sharded:
-            self._tell("gather_optimizer", None)
-            optimizer = self._collective("gathering the sharded optimizer state", lambda: optimizer_state(p, self.plan))
-        else:
-            optimizer = optimizer_state(p, self.plan)
-        state = {**state, "optimizer": optimizer, "scheduler": p.scheduler.state_dict(),
-                 "entropy_control": p.entropy_control.state_dict()}
-        return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep)
+        state = {**state, "scheduler": p.scheduler.state_dict(), "entropy_control": p.entropy_control.state_dict()}
+        if not self.plan.sharded:
+            return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, {**state, "optimizer":
+                                        p.optimizer.state_dict()}, p.ref_model, keep=keep)
+
+        def write_shards(directory: Path) -> None:
+            self._tell("save_optimizer", str(directory))
+            self._collective("writing the optimizer shards", lambda: save_optimizer_shards(p.model, p.optimizer,
+                                                                                           optimizer_dir(directory)))
+        return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep,
+                                    write_shards=write_shards)
 
     def load(self, path: Path) -> dict:
         """Every rank loads the checkpoint at ``path`` (a path every rank can read); returns its trainer state."""
         self._tell("load", str(path))
-        if self.plan.sharded:  # the shards are set from the whole tensors: collectives
-            return self._collective(f"loading {path}", lambda: load_step(self.parts, path, self.plan))
-        return self._guard(lambda: load_step(self.parts, path, self.plan))
+        if self.group is not None:  # sharded weights and any optimizer shards are read collectively
+            return self._collective(f"loading {path}", lambda: load_step(self.parts, path))
+        return load_step(self.parts, path)
 
     def close(self) -> None:
         if self.group is not None:
@@ -128,12 +134,12 @@ class Learner:
             raise
 
 
-def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoConfig, plan: LearnerPlan,
-                group: RankGroup | None) -> UpdateResult:
+def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoConfig, plan: LearnerPlan
+                ) -> UpdateResult:
     """One rollout batch's optimizer steps on this rank, then the reference update when it is due; with
     ``plan.release_after_update`` the memory the update freed goes back to the system (run.release_memory)."""
     result = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, algo, plan, parts.entropy_control,
-                           first_step=(step - 1) * algo.updates_per_batch, group=group)
+                           first_step=(step - 1) * algo.updates_per_batch, hooks=parts.hooks)
     if parts.ref_model is not None and A.should_reset_reference(step, algo.ref_reset_every):
         A.update_reference(parts.ref_model, parts.model, algo.ref_update_alpha, parts.optimizer,
                            algo.ref_reset_optimizer)
@@ -142,40 +148,22 @@ def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoC
     return result
 
 
-def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.AlgoConfig, plan: LearnerPlan,
-               group: RankGroup | None) -> UpdateResult:
+def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.AlgoConfig, plan: LearnerPlan
+               ) -> UpdateResult:
     """Prepare the whole batch and update, on this rank (a sharded learner's every rank runs this)."""
     batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan)
-    result = update_step(parts, batch, step, algo, plan, group)
+    result = update_step(parts, batch, step, algo, plan)
     metrics.update(result.metrics)
     return UpdateResult(metrics, entropy if entropy is not None else result.entropy)
 
 
-def trained_names(model: torch.nn.Module) -> list[str]:
-    """The names of the parameters the optimizer steps, in its order."""
-    return [name for name, p in model.named_parameters() if p.requires_grad]
-
-
-def optimizer_state(parts: LearnerParts, plan: LearnerPlan) -> dict:
-    """The optimizer's state as torch writes it for one process (a sharded learner's is gathered whole:
-    every rank calls this)."""
-    if not plan.sharded:
-        return parts.optimizer.state_dict()
-    whole = full_optimizer_state(parts.model, parts.optimizer)  # empty on ranks other than 0
-    return ckpt.optimizer_state_by_index(whole, trained_names(parts.model)) if whole else {}
-
-
-def load_step(parts: LearnerParts, path: Path, plan: LearnerPlan) -> dict:
+def load_step(parts: LearnerParts, path: Path) -> dict:
     """Weights, optimizer, scheduler, entropy control and reference from the checkpoint at ``path``;
     returns its trainer state."""
     path = Path(path)
     ckpt.load_weights(parts.model, path)
     state = ckpt.load_state(path)
-    if plan.sharded:
-        load_full_optimizer_state(parts.model, parts.optimizer,
-                                  ckpt.optimizer_state_by_name(state["optimizer"], trained_names(parts.model)))
-    else:
-        parts.optimizer.load_state_dict(state["optimizer"])
+    ckpt.load_optimizer(parts.model, parts.optimizer, path, state)
     parts.scheduler.load_state_dict(state["scheduler"])
     if "entropy_control" in state:  # checkpoints written before the entropy bonus was wired lack it
         parts.entropy_control.load_state_dict(state["entropy_control"])
@@ -184,13 +172,17 @@ def load_step(parts: LearnerParts, path: Path, plan: LearnerPlan) -> dict:
     return state
 
 
+def optimizer_dir(checkpoint: Path) -> Path:
+    return Path(checkpoint) / ckpt.OPTIMIZER_DIR
+
+
 def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: RankGroup) -> None:
     """A follower rank (rank > 0): run rank 0's commands until it says stop."""
-    handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan, group),
-                "learn": lambda payload: learn_step(parts, *payload, algo, plan, group),
+    handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan),
+                "learn": lambda payload: learn_step(parts, *payload, algo, plan),
                 "gather_weights": lambda _: refresh_mirror(None, parts.model),
-                "gather_optimizer": lambda _: optimizer_state(parts, plan),
-                "load": lambda path: load_step(parts, path, plan)}
+                "save_optimizer": lambda path: save_optimizer_shards(parts.model, parts.optimizer, optimizer_dir(path)),
+                "load": lambda path: load_step(parts, path)}
     while True:
         command, payload = group.receive()
         if command == "stop":

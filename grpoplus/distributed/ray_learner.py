@@ -43,10 +43,13 @@ class LearnerRank:
         return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
     def join(self, init_method: str) -> None:
+        from grpoplus.build import rank_hooks
+
         group = None
         if self.world > 1:
             group = RankGroup.join(Rendezvous(init_method, self.rank, self.world, self.device,
                                               self.cfg.learner.collective_timeout_s))
+            self.parts.hooks = rank_hooks(self.cfg, self.parts.model, group)
         if self.rank == 0:
             self.learner = Learner(self.parts, self.cfg.algo, self.plan, group)
         else:

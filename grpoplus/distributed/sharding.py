@@ -25,16 +25,20 @@ gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); the sharded mas
 
 Rank 0 keeps a plain full copy of the policy (the *mirror*): the in-process engine samples
 with it, checkpoints write it, and after every update it is refreshed one parameter at a time
-(each gathered whole from its shards, so the extra memory is one parameter).
+(each gathered whole from its shards, so the extra memory is one parameter). A checkpoint's
+optimizer state - twice the weights with AdamW - is never gathered: every rank writes its own
+shards with ``torch.distributed.checkpoint`` (:func:`save_optimizer_shards`), and any strategy
+or number of ranks reads them back (:func:`grpoplus.learner.checkpoint.load_optimizer`).
 """
 
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
@@ -82,12 +86,7 @@ def refresh_mirror(mirror: torch.nn.Module | None, model: torch.nn.Module) -> No
             del full
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Every rank: the optimizer's whole state, keyed by parameter name, on the CPU (rank 0's copy is complete)."""
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                               cpu_offload=True))
-
-
-def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Every rank: rank 0's whole optimizer state (see :func:`full_optimizer_state`) sharded into ``optimizer``."""
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+def save_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Every rank: its shards of the optimizer state into the ``torch.distributed.checkpoint`` directory
+    ``path`` (a collective; nothing is gathered: each rank writes its own file)."""
+    dcp.save(get_optimizer_state_dict(model, optimizer), checkpoint_id=str(path))

@@ -23,10 +23,26 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from grpoplus.distributed.group import RESUME_HINT, RoleError, buckets, first_line
+from grpoplus.distributed.group import RESUME_HINT, RoleError, first_line
 from grpoplus.distributed.ray_cluster import RoleDied, wait
 
 FIX = "raise learner.collective_timeout_s, or set ray.weight_sync=object_store"
+
+
+BUCKET_ELEMENTS = 1 << 24  # elements per broadcast call (64 MiB of float32)
+
+
+def buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive tensors of one dtype, at most ``BUCKET_ELEMENTS`` per bucket (a larger one alone)."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        if not out or out[-1][0].dtype != t.dtype or size + t.numel() > BUCKET_ELEMENTS:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return out
 
 
 class WeightGroup:

@@ -3,7 +3,9 @@
 A checkpoint is a Hugging Face model directory (weights + tokenizer; for a LoRA policy
 the adapters alone, ``adapter_model.safetensors``, the base weights being read from the
 model path again) plus ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, counters) and,
-when a reference model is used, ``reference.safetensors``. It is written into a
+when a reference model is used, ``reference.safetensors``. A sharded learner's optimizer state is
+not in ``trainer_state.pt`` but in ``optimizer/``: each rank's shards, written and read with
+``torch.distributed.checkpoint``. It is written into a
 temporary directory, the ``COMPLETE`` marker is written last, and the directory is then
 renamed into place: a run killed while saving leaves only a temporary directory, which
 resume ignores, and the previous complete checkpoint is used.
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule
 from safetensors.torch import load_file, load_model, save_model
 
@@ -29,6 +33,7 @@ from grpoplus.rundir import RunDir
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 REF_FILE = "reference.safetensors"
+OPTIMIZER_DIR = "optimizer"  # a sharded learner's optimizer state: torch.distributed.checkpoint shards
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -47,8 +52,10 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict,
-                    ref_model: torch.nn.Module | None = None, keep: int = 2) -> Path:
-    """Write ``checkpoints/step-<step>`` atomically; keep the newest ``keep`` complete ones."""
+                    ref_model: torch.nn.Module | None = None, keep: int = 2, write_shards=None) -> Path:
+    """Write ``checkpoints/step-<step>`` atomically; keep the newest ``keep`` complete ones. ``write_shards``:
+    called with the directory being written, before it is marked complete (a sharded learner's ranks write
+    their optimizer shards into it)."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -60,6 +67,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     torch.save(state, tmp / STATE_FILE)
     if ref_model is not None:
         save_model(ref_model, str(tmp / REF_FILE))  # handles tied embeddings
+    if write_shards is not None:
+        write_shards(tmp)
     _fsync_dir_files(tmp)
     (tmp / MARKER).write_text(str(step))
     if final.exists():  # a re-save of the same step (e.g. after resume): replace it whole
@@ -70,7 +79,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
 
 
 def _fsync_dir_files(path: Path) -> None:
-    for file in path.iterdir():
+    for file in path.rglob("*"):
         if file.is_file():
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -132,16 +141,27 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 def optimizer_state_by_name(state: dict, names: list[str]) -> dict:
     """torch's optimizer state dict (parameters numbered in the optimizer's order) keyed by the parameters'
-    ``names`` instead (the form :mod:`torch.distributed.checkpoint.state_dict` reads and writes)."""
+    ``names`` instead (the form :mod:`torch.distributed.checkpoint.state_dict` reads)."""
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
 
 
-def optimizer_state_by_index(state: dict, names: list[str]) -> dict:
-    """The inverse of :func:`optimizer_state_by_name`: a checkpoint holds one form whatever wrote it."""
-    index = {name: i for i, name in enumerate(names)}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
-    return {"state": {index[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path, state: dict) -> None:
+    """The checkpoint's optimizer state into ``optimizer``, whichever strategy wrote it and whichever reads it:
+    a sharded learner's shards (``OPTIMIZER_DIR``, read with ``torch.distributed.checkpoint``, which re-shards
+    them for any number of ranks or none), or the one-process state in ``state`` (set whole, or cut into
+    this rank's shards). Every rank of a learner calls this (a collective when a process group is up)."""
+    shards = path / OPTIMIZER_DIR
+    if shards.is_dir():
+        target = get_optimizer_state_dict(model, optimizer)
+        dcp.load(target, checkpoint_id=str(shards))
+        set_optimizer_state_dict(model, optimizer, target)
+    elif isinstance(model, FSDPModule):
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        set_optimizer_state_dict(model, optimizer, optimizer_state_by_name(state["optimizer"], names),
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def load_state(path: Path) -> dict:

@@ -20,6 +20,7 @@ from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
+from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.precision import autocast
@@ -47,16 +48,16 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
 
 
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
-                   entropy_coef: float | None = None, generator: torch.Generator | None = None, group=None
-                   ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
+                   entropy_coef: float | None = None, generator: torch.Generator | None = None,
+                   hooks: UpdateHooks = ONE_PROCESS) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
     ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
     the forward then also takes the entropy with its gradient when ``algo.entropy_bonus``).
     ``generator``: Clip-Cov's random token subset, seeded per optimizer step by the caller.
-    With a data-parallel ``group`` (grpoplus.distributed.group.RankGroup) every rank holds the whole
-    mini-batch and its global mask and norm, takes its share of whole micro-batches, and the
-    gradients are summed over the ranks before clipping: the step one process would make.
+    ``hooks``: the placement's (grpoplus.distributed.placement): with several learner ranks every rank
+    holds the whole mini-batch and its global mask and norm, takes its share of whole micro-batches, and
+    the gradients are summed over the ranks before clipping: the step one process would make.
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
     fused = plan.logp_old_from_forward
     if fused != (batch.logp_old is None):
@@ -66,20 +67,17 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                                    generator=generator)
     tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
-    micro = micro_batches(batch, plan)
-    mine = micro if group is None else group.share(micro)
-    parts = [_micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
-                         entropy_coef, tally) for idx in mine]
-    if plan.sharded:  # every rank runs as many forwards as the busiest one: a copy of a micro-batch, no loss
-        pad = (mine or micro)[0]
-        for _ in range(-(-len(micro) // group.world) - len(mine)):
-            _micro_step(model, batch.rows(pad), pad, loss_mask[pad], norm.rows(pad), algo, plan, fused, entropy_coef,
-                        tally, scale=0.0)
+    mine, standins = hooks.share(micro_batches(batch, plan))
+    runs = [(idx, 1.0) for idx in mine] + [(idx, 0.0) for idx in standins]
+    parts = []
+    for i, (idx, scale) in enumerate(runs):
+        with hooks.backward_scope(last=i == len(runs) - 1):
+            part = _micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
+                               entropy_coef, tally, hooks, scale)
+        if scale:
+            parts.append(part)
+    parts, tally = hooks.gather(parts, tally)
     params = [p for p in model.parameters() if p.requires_grad]
-    if group is not None:
-        parts, tally = _gathered(group, parts, tally)
-        if not plan.sharded:  # a sharded model's backward has reduced its gradients already
-            group.all_reduce_gradients(params)
     losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
     grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, error_if_nonfinite=False).item()
     stepped = math.isfinite(losses["loss/total"]) and math.isfinite(grad_norm)
@@ -95,12 +93,12 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
 
 def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tensor, norm, algo: AlgoConfig,
                 plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None,
-                scale: float = 1.0) -> tuple:
-    """Forward and backward of the micro-batch of rows ``idx`` (its loss times ``scale``: 0 for a sharded
-    rank's stand-in forward). Returns (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old
+                hooks: UpdateHooks, scale: float = 1.0) -> tuple:
+    """Forward and backward of the micro-batch of rows ``idx`` (its loss times ``scale``: 0 for a rank's
+    stand-in). Returns (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old
     comes from this forward, else None)."""
-    logp, entropy = _forward(model, mb, plan, with_entropy=fused, entropy_grad=algo.entropy_bonus,
-                             routing=training_routing(model, mb, plan, tally))
+    logp, entropy = _forward(model, mb, plan, hooks, with_entropy=fused, entropy_grad=algo.entropy_bonus,
+                             routing=training_routing(model, mb, plan, tally if scale else None))
     logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
     loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask, algo,
                                 logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
@@ -111,18 +109,6 @@ def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tenso
     return metrics, weight, losses, idx, entropy.detach() if fused else None
 
 
-def _gathered(group, parts: list, tally: RoutingTally | None) -> tuple[list, RoutingTally | None]:
-    """Every rank's micro-batch results, in the order one process makes them, and the ranks' routing
-    counts added up (each rank counted its own micro-batches)."""
-    parts = group.gather(parts)
-    if tally is not None:
-        tallies = group.gather([tally])
-        for other in tallies[1:]:
-            tallies[0].add_counts(other)
-        tally = tallies[0]
-    return parts, tally
-
-
 def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
     """[N, T] entropy of the mini-batch, put together from its micro-batches' rows."""
     entropy = torch.zeros(response_mask.shape, device=response_mask.device)
@@ -131,18 +117,19 @@ def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
     return entropy
 
 
-def _forward(model, mb: TrainBatch, plan: LearnerPlan, with_entropy: bool, entropy_grad: bool, routing):
+def _forward(model, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, with_entropy: bool, entropy_grad: bool,
+             routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
     share = "always" if plan.sharded and plan.share_prompts else plan.share_prompts  # sharded: uniform passes
     with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every), \
             autocast(plan.precision, mb.prompt_ids.device):
         if entropy_grad:
-            return response_logprobs_and_entropy(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                 mb.response_mask, temperature=plan.temperature, routing=routing)
-        return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                 temperature=plan.temperature, with_entropy=with_entropy, routing=routing,
-                                 share_prompts=share)
+            return hooks.forward(response_logprobs_and_entropy, model, mb.prompt_ids, mb.prompt_mask,
+                                 mb.response_ids, mb.response_mask, temperature=plan.temperature, routing=routing)
+        return hooks.forward(response_logprobs, model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                             mb.response_mask, temperature=plan.temperature, with_entropy=with_entropy,
+                             routing=routing, share_prompts=share)
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
@@ -163,14 +150,15 @@ def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: Routing
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
-                  entropy_control: EntropyControl | None = None, first_step: int = 0, group=None) -> UpdateResult:
+                  entropy_control: EntropyControl | None = None, first_step: int = 0,
+                  hooks: UpdateHooks = ONE_PROCESS) -> UpdateResult:
     """All optimizer steps for one rollout batch; the entropy comes back when the training forward
     measured it (pi_old from the forward: one update, so each row is seen once).
 
     ``entropy_control`` gives each step's bonus coefficient and is updated after each step with
     the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
-    of this batch's first optimizer step (seeds Clip-Cov's selection). ``group``: the data-parallel
-    learner ranks (every rank calls this with the same batch), or None."""
+    of this batch's first optimizer step (seeds Clip-Cov's selection). ``hooks``: the placement's (every
+    learner rank calls this with the same batch)."""
     batch = batch.to(next(model.parameters()).device)
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     model.train()
@@ -179,7 +167,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
             metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
                                                        entropy_coef=control.applied_coef,
-                                                       generator=clip_cov_generator(plan.seed, k), group=group)
+                                                       generator=clip_cov_generator(plan.seed, k), hooks=hooks)
             if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
                 metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped

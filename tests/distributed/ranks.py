@@ -18,6 +18,8 @@ import torch
 from grpoplus.algo import AlgoConfig, EntropyControl, prepare_loss
 from grpoplus.containers import TrainBatch
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
+from grpoplus.distributed.placement import ReplicateHooks
+from grpoplus.learner.hooks import ONE_PROCESS
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.update import update_policy
 from grpoplus.models.tiny import tiny_model
@@ -85,11 +87,12 @@ def run_three_steps(algo: AlgoConfig, plan: LearnerPlan, dtype: torch.dtype, gro
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99), foreach=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     control = EntropyControl.from_config(algo)
+    hooks = ONE_PROCESS if group is None else ReplicateHooks(group, model)
     metrics = []
     for seed in range(3):
         batch = batch_for(seed, dtype, with_logp_old=plan.logp_old != "forward", with_ref=algo.beta > 0)
         result = update_policy(model, optimizer, scheduler, batch, algo, plan, control,
-                               first_step=seed * algo.updates_per_batch, group=group)
+                               first_step=seed * algo.updates_per_batch, hooks=hooks)
         metrics.append(result.metrics)
     return {"weights": {k: v.clone() for k, v in model.state_dict().items()}, "metrics": metrics,
             "entropy": result.entropy}

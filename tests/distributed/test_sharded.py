@@ -77,13 +77,23 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
     state = exported.state_dict()
     assert all(torch.equal(state[k], w) for k, w in _weights(whole).items())
-    assert not (tmp_path / "hf" / "trainer_state.pt").exists()
-    # The same checkpoint (weights + the optimizer state gathered from the shards) resumed by one process:
+    assert not (tmp_path / "hf" / "trainer_state.pt").exists() and not (tmp_path / "hf" / "optimizer").exists()
+    # Its optimizer state: each rank's shards (torch.distributed.checkpoint), never gathered whole
+    saved = whole / "checkpoints" / "step-4"
+    assert sorted(f.name for f in (saved / "optimizer").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert "optimizer" not in torch.load(saved / "trainer_state.pt", weights_only=False)
+    # The same checkpoint (weights + the optimizer shards) resumed by one process:
     run = _train(other, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
     assert run.returncode == -9
     resumed = _resume(other, "data_parallel=1")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _close(read_metrics(other), read_metrics(whole), rel=1e-5)
+    # and the other way: one process's checkpoint (the optimizer state whole) resumed by two sharded ranks
+    single = tmp_path / "single"
+    assert _train(single, *common, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"}).returncode == -9
+    resumed = _resume(single, "data_parallel=2", "strategy=fsdp2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _close(read_metrics(single), read_metrics(whole), rel=1e-5)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -1,0 +1,98 @@
+"""The update hooks of several learner ranks (:class:`grpoplus.learner.hooks.UpdateHooks`), one per strategy.
+
+- ``learner.strategy=replicate``: torch's DistributedDataParallel around the training forward. Every
+  rank holds the whole model; each rank accumulates its micro-batches' gradients without
+  communicating (``no_sync``) and the last backward sums them over the ranks, bucket by bucket,
+  overlapped with the backward. The sum, not DDP's mean: the loss is normalised over the whole
+  mini-batch (ALGORITHMS.md section 3), so the ranks' gradients add up to one process's.
+- ``learner.strategy=fsdp2``: the model is sharded (:mod:`grpoplus.distributed.sharding`); every
+  backward reduce-scatters, so every rank runs as many micro-batches as the busiest one.
+
+In both, a rank whose share of a mini-batch is short runs stand-ins (a copy of a micro-batch, its
+loss times 0): the collectives of a backward need every rank. A peer that dies or stops answering
+during an update is a :class:`RoleError` naming the rank and the fix.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from grpoplus.distributed.group import RankGroup
+from grpoplus.learner.hooks import UpdateHooks
+
+
+class RankHooks(UpdateHooks):
+    """What every strategy of several ranks shares: whole micro-batches by rank, results gathered in order."""
+
+    def __init__(self, group: RankGroup):
+        self.group = group
+
+    def share(self, micro: list) -> tuple[list, list]:
+        return self.group.share(micro), []
+
+    @contextmanager
+    def backward_scope(self, last: bool):
+        with self.group.guarding("the update's gradient collectives"):
+            yield
+
+    def gather(self, parts: list, tally):
+        parts = self.group.gather(parts)
+        if tally is not None:
+            tallies = self.group.gather([tally])
+            for other in tallies[1:]:
+                tallies[0].add_counts(other)
+            tally = tallies[0]
+        return parts, tally
+
+
+class LearnerForward(torch.nn.Module):
+    """The module DDP wraps: its forward is the learner's training forward ``fn(model, ...)`` (the
+    learner calls the model's body and head itself, not the model's ``forward``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.model, *args, **kwargs)
+
+
+def _summed(process_group, bucket):  # unannotated: DDP checks annotations against its own types
+    """DDP communication hook: the ``dist.GradBucket``'s gradients summed over the ranks (DDP's default divides
+    by their number); returns the future of the summed flat buffer."""
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class ReplicateHooks(RankHooks):
+    """``learner.strategy=replicate``: DDP sums the gradients of each rank's last micro-batch backward."""
+
+    def __init__(self, group: RankGroup, model: torch.nn.Module):
+        super().__init__(group)
+        self.ddp = DistributedDataParallel(LearnerForward(model), broadcast_buffers=False, init_sync=False,
+                                           gradient_as_bucket_view=True)
+        self.ddp.register_comm_hook(None, _summed)
+
+    def share(self, micro: list) -> tuple[list, list]:
+        mine = self.group.share(micro)
+        return mine, [] if mine else micro[:1]  # one backward per rank: the one that sums
+
+    def forward(self, fn, model, *args, **kwargs):
+        return self.ddp(fn, *args, **kwargs)
+
+    @contextmanager
+    def backward_scope(self, last: bool):
+        with super().backward_scope(last), (nullcontext() if last else self.ddp.no_sync()):
+            yield
+
+
+class ShardHooks(RankHooks):
+    """``learner.strategy=fsdp2``: each backward reduce-scatters, so every rank runs as many as the busiest."""
+
+    def share(self, micro: list) -> tuple[list, list]:
+        mine = self.group.share(micro)
+        return mine, [(mine or micro)[0]] * (-(-len(micro) // self.group.world) - len(mine))
