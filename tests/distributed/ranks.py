@@ -34,11 +34,14 @@ EXTRA_CASES = {
     "entropy_adaptive": ({"entropy_coef": 0.01, "entropy_adaptive": True, "entropy_target": 10.0}, {}),
     "clip_cov": ({"loss": "clip_cov", "cov_lb": -10.0, "cov_ub": 10.0, "cov_ratio": 0.2}, {}),
     "token_budget": ({}, {"micro_batch_tokens": 100}),
+    "one_micro_batch": ({}, {"micro_batch_tokens": 1000}),
 }
 """Parts of the update each rank must reproduce, with (algo, plan) settings: the entropy bonus under
 adaptive control (its coefficient carried from step to step), Clip-Cov's random token subset
 (seeded per optimizer step), micro-batches by token budget (rows taken out of order: the 10 rows
-of 10 tokens, then the 6 rows of 8, one micro-batch per rank)."""
+of 10 tokens, then the 6 rows of 8, one micro-batch per rank), and a budget that makes one
+micro-batch of the whole mini-batch: rank 1 has none and runs a stand-in (no loss) so that DDP's
+all-reduce has both ranks."""
 
 
 def algo_for(aggregation: str, corrections: tuple, beta: float) -> AlgoConfig:

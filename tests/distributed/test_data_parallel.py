@@ -54,7 +54,8 @@ def test_two_ranks_make_the_single_process_update(single, two_ranks, case):
 
 def test_two_ranks_reproduce_entropy_control_clip_cov_and_token_budgets(tmp_path):
     """The entropy bonus's adaptive coefficient, Clip-Cov's random subset and token-budget
-    micro-batches (one per rank, rows out of order) come out bit-for-bit as in one process."""
+    micro-batches (one per rank, rows out of order; or one for two ranks, rank 1 running a stand-in) come out
+    bit-for-bit as in one process."""
     reference = ranks.every_extra(None)
     rank0, rank1 = ranks.spawn(ranks.every_extra, 2, tmp_path)
     for name in ranks.EXTRA_CASES:
