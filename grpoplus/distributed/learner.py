@@ -98,8 +98,7 @@ class Learner:
 
         def write_shards(directory: Path) -> None:
             self._tell("save_optimizer", str(directory))
-            self._collective("writing the optimizer shards", lambda: save_optimizer_shards(p.model, p.optimizer,
-                                                                                           optimizer_dir(directory)))
+            self._collective("writing the optimizer shards", lambda: write_optimizer_shards(p, directory))
         return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep,
                                     write_shards=write_shards)
 
@@ -172,8 +171,9 @@ def load_step(parts: LearnerParts, path: Path) -> dict:
     return state
 
 
-def optimizer_dir(checkpoint: Path) -> Path:
-    return Path(checkpoint) / ckpt.OPTIMIZER_DIR
+def write_optimizer_shards(parts: LearnerParts, checkpoint: str | Path) -> None:
+    """This rank's optimizer shards into the checkpoint being written (every rank of a sharded learner)."""
+    save_optimizer_shards(parts.model, parts.optimizer, ckpt.optimizer_dir(checkpoint))
 
 
 def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: RankGroup) -> None:
@@ -181,7 +181,7 @@ def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: Ra
     handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan),
                 "learn": lambda payload: learn_step(parts, *payload, algo, plan),
                 "gather_weights": lambda _: refresh_mirror(None, parts.model),
-                "save_optimizer": lambda path: save_optimizer_shards(parts.model, parts.optimizer, optimizer_dir(path)),
+                "save_optimizer": lambda path: write_optimizer_shards(parts, path),
                 "load": lambda path: load_step(parts, path)}
     while True:
         command, payload = group.receive()

@@ -78,7 +78,7 @@ class ReplicateHooks(RankHooks):
         self.ddp.register_comm_hook(None, _summed)
 
     def share(self, micro: list) -> tuple[list, list]:
-        mine = self.group.share(micro)
+        mine, _ = super().share(micro)
         return mine, [] if mine else micro[:1]  # one backward per rank: the one that sums
 
     def forward(self, fn, model, *args, **kwargs):
@@ -94,5 +94,5 @@ class ShardHooks(RankHooks):
     """``learner.strategy=fsdp2``: each backward reduce-scatters, so every rank runs as many as the busiest."""
 
     def share(self, micro: list) -> tuple[list, list]:
-        mine = self.group.share(micro)
+        mine, _ = super().share(micro)
         return mine, [(mine or micro)[0]] * (-(-len(micro) // self.group.world) - len(mine))

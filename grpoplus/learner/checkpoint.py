@@ -146,12 +146,17 @@ def optimizer_state_by_name(state: dict, names: list[str]) -> dict:
     return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
 
 
+def optimizer_dir(checkpoint: str | Path) -> Path:
+    """Where a checkpoint keeps a sharded learner's optimizer shards."""
+    return Path(checkpoint) / OPTIMIZER_DIR
+
+
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path, state: dict) -> None:
     """The checkpoint's optimizer state into ``optimizer``, whichever strategy wrote it and whichever reads it:
     a sharded learner's shards (``OPTIMIZER_DIR``, read with ``torch.distributed.checkpoint``, which re-shards
     them for any number of ranks or none), or the one-process state in ``state`` (set whole, or cut into
     this rank's shards). Every rank of a learner calls this (a collective when a process group is up)."""
-    shards = path / OPTIMIZER_DIR
+    shards = optimizer_dir(path)
     if shards.is_dir():
         target = get_optimizer_state_dict(model, optimizer)
         dcp.load(target, checkpoint_id=str(shards))
