@@ -68,6 +68,18 @@ def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resum
     assert _same(_weights(killed, 5), _weights(two, 5))
 
 
+def test_two_replicated_ranks_in_bf16_mixed_train_like_one_process_in_bf16(nano_dir, tmp_path):
+    """DDP's forward runs inside the learner's bf16 autocast: the 2-rank run is the one-process bf16 run."""
+    common = ["--model", nano_dir, "max_steps=3", "save_every=3", "eval_every=0", "precision=bf16_mixed", *SMALL]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _cli(["--out", str(one), *common]).returncode == 0
+    run = _cli(["--out", str(two), *common, "data_parallel=2"])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _comparable(read_metrics(two)) == _comparable(read_metrics(one))
+    assert _same(_weights(two, 3), _weights(one, 3))
+    assert read_metrics(two)[-1]["mismatch/abs_p_diff_max"] > 1e-6  # bf16 was in force (this run in fp32: 1.3e-8)
+
+
 def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     """train() equals the stages run by hand in the order of the synchronous loop (collect, prepare,
     update, sync), step for step: the default path is unchanged by the scale-out."""
