@@ -88,8 +88,7 @@ def build(cfg: Config) -> Components:
             from grpoplus.distributed.staleness import SnapshotEngine
 
             copy_model = copy.deepcopy(policy)
-            sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer, record_routing=routing is not None),
-                                      copy_model)
+            sampling = SnapshotEngine(build_engine(cfg, copy_model, tokenizer, record_routing=routing is not None))
             collector = build_collector(cfg, sampling, sampler, train, scorer, collect_plan, generator)
             targets = (engine, collector)
     except BaseException:
@@ -228,6 +227,7 @@ def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -
     from grpoplus.distributed.ray_learner import RayLearnerGroup
     from grpoplus.distributed.ray_rollout import RayRolloutEngine
     from grpoplus.distributed.ray_scoring import RayScorer
+    from grpoplus.sync import ObjectStore
 
     r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
     cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
@@ -235,7 +235,7 @@ def build_on_ray(cfg: Config, task, train: list, test: list, model, tokenizer) -
     cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
                          f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
     config, weights = cfg.to_dict(), ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    engine = RayRolloutEngine(config, weights, r.workers, r.engine, tokenizer.pad_token_id, seed=cfg.run.seed,
+    engine = RayRolloutEngine(config, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id, seed=cfg.run.seed,
                               gpu=gpu, max_restarts=rc.max_restarts, timeout_s=r.engine_timeout_s,
                               start_timeout_s=rc.timeout_s, collective=rc.weight_sync == "collective")
     components = reward_components(cfg, task)

@@ -31,7 +31,8 @@ from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.update import update_policy
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.distributed.group import RankGroup, RoleError
-from grpoplus.distributed.sharding import refresh_mirror, save_optimizer_shards
+from grpoplus.distributed.sharding import save_optimizer_shards
+from grpoplus.sync import InProcess, gather_into
 
 
 @dataclass
@@ -82,10 +83,9 @@ class Learner:
         """The policy's weights to every target; later rollouts carry ``version``."""
         if self.plan.sharded:
             self._tell("gather_weights", None)
-            self._collective("gathering the sharded weights",
-                             lambda: refresh_mirror(self.parts.mirror, self.parts.model))
+            self._collective("gathering the sharded weights", lambda: gather_into(self.parts.mirror, self.parts.model))
         for target in self.targets:
-            target.sync_weights(self.parts.policy, version)
+            target.sync_weights(InProcess(self.parts.policy), version)
 
     def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
         """A checkpoint of the whole weights, optimizer and entropy control (identical on every rank) plus the
@@ -180,7 +180,7 @@ def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: Ra
     """A follower rank (rank > 0): run rank 0's commands until it says stop."""
     handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan),
                 "learn": lambda payload: learn_step(parts, *payload, algo, plan),
-                "gather_weights": lambda _: refresh_mirror(None, parts.model),
+                "gather_weights": lambda _: gather_into(None, parts.model),
                 "save_optimizer": lambda path: write_optimizer_shards(parts, path),
                 "load": lambda path: load_step(parts, path)}
     while True:

@@ -21,6 +21,7 @@ from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
 from grpoplus.distributed.learner import Learner, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
+from grpoplus.sync import Collective, ObjectStore
 
 
 @ray.remote
@@ -111,7 +112,8 @@ class RayLearnerGroup:
         self.broadcast = Broadcast.form(self.actors[0], workers, collective_timeout_s, self.timeout_s)
 
     def publish(self, version: int) -> None:
-        weights = self.broadcast or self.actors[0].weights.remote()  # an object-store reference: never in the driver
+        # rank 0's state dict stays in the object store: the driver never holds the weights
+        weights = Collective(self.broadcast) if self.broadcast else ObjectStore(self.actors[0].weights.remote())
         for target in self.targets:
             target.sync_weights(weights, version)
 

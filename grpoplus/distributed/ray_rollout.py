@@ -30,8 +30,9 @@ import torch
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.distributed.group import first_line
 from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
-from grpoplus.distributed.weight_sync import Broadcast, WeightGroup, cannot_restart
+from grpoplus.distributed.weight_sync import WeightGroup, cannot_restart
 from grpoplus.models.memory import give_back_freed_memory
+from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_source, tensors
 
 
 @ray.remote
@@ -63,26 +64,26 @@ class RolloutWorker:
         return rollouts, generator.get_state()
 
     def sync(self, weights: dict, version: int) -> None:
-        self.model.load_state_dict(weights)
-        self.engine.sync_weights(self.model, version)
+        """The object store's state dict (Ray resolves the reference), which the engine loads into its copy."""
+        self.engine.sync_weights(StateDict(weights), version)
 
     def join_weight_sync(self, address: str, rank: int, world: int, timeout_s: float) -> None:
         self.weights_in = WeightGroup.join(address, rank, world, self.model, timeout_s, f"rollout worker {rank - 1}")
 
     def receive_weights(self, version: int) -> None:
         self.weights_in.broadcast(self.model)
-        self.engine.sync_weights(self.model, version)
+        self.engine.sync_weights(InProcess(self.model), version)
 
 
 class RayRolloutEngine:
     """K rollout workers as one rollout engine.
 
-    ``sync_weights`` takes the learner's module, an object-store reference to its state dict
-    (how learner rank 0 hands them over on Ray), or the :class:`Broadcast` of ``collective``
-    weight sync; workers take them before their next request.
+    ``sync_weights`` takes any :mod:`grpoplus.sync` source: an object-store reference to the learner's state
+    dict (how learner rank 0 hands them over on Ray; a source in this process is put there), or the
+    broadcast of ``collective`` weight sync; workers take them before their next request.
     """
 
-    def __init__(self, config: dict, weights: "ray.ObjectRef", workers: int, engine: str, pad_id: int, *, seed: int,
+    def __init__(self, config: dict, weights: ObjectStore, workers: int, engine: str, pad_id: int, *, seed: int,
                  gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
         self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
         self.timeout_s, self.start_timeout_s, self.collective = timeout_s, start_timeout_s, collective
@@ -115,15 +116,16 @@ class RayRolloutEngine:
         return Rollouts.concat([rollouts for rollouts, _ in results], self.pad_id)
 
     def sync_weights(self, weights, version: int) -> None:
-        if isinstance(weights, Broadcast):
+        source = as_source(weights)
+        if isinstance(source, Collective):
             with self._busy:  # every worker must be idle to take part in the broadcast
-                weights.push(version)
+                source.broadcast.push(version)
             return
-        if not isinstance(weights, ray.ObjectRef):
-            weights = ray.put({k: v.detach().cpu() for k, v in weights.state_dict().items()})
-        self._weights = (weights, version)
+        if not isinstance(source, ObjectStore):
+            source = ObjectStore(ray.put({name: t.cpu() for name, t in tensors(source)}))
+        self._weights = (source.ref, version)
         for actor in self.actors:
-            actor.sync.remote(weights, version)  # runs before the worker's next request (actor call order)
+            actor.sync.remote(source.ref, version)  # runs before the worker's next request (actor call order)
 
     def offload(self) -> None:
         """Nothing to free: the workers hold their own devices, apart from the learner's."""

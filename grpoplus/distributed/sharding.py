@@ -24,8 +24,8 @@ With ``learner.precision=bf16_mixed`` the layers' parameters are all-gathered in
 gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); the sharded master weights stay float32.
 
 Rank 0 keeps a plain full copy of the policy (the *mirror*): the in-process engine samples
-with it, checkpoints write it, and after every update it is refreshed one parameter at a time
-(each gathered whole from its shards, so the extra memory is one parameter). A checkpoint's
+with it, checkpoints write it, and after every update it is refreshed one tensor at a time
+(each gathered whole from its shards, so the extra memory is one tensor: :func:`grpoplus.sync.gather_into`). A checkpoint's
 optimizer state - twice the weights with AdamW - is never gathered: every rank writes its own
 shards with ``torch.distributed.checkpoint`` (:func:`save_optimizer_shards`), and any strategy
 or number of ranks reads them back (:func:`grpoplus.learner.checkpoint.load_optimizer`).
@@ -40,7 +40,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
 
 from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
 from grpoplus.learner.precision import COMPUTE_DTYPES
@@ -72,18 +71,6 @@ def shard(model: torch.nn.Module, precision: str) -> torch.nn.Module:
             module.set_gradient_divide_factor(1.0)  # the sum over ranks: the loss is normalised globally
             module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
     return model
-
-
-def refresh_mirror(mirror: torch.nn.Module | None, model: torch.nn.Module) -> None:
-    """Every rank: each parameter gathered whole in turn (a collective); rank 0 copies it into its ``mirror``
-    (other ranks pass None). The extra memory is one parameter at a time."""
-    with torch.no_grad():
-        targets = dict(mirror.named_parameters()) if mirror is not None else {}
-        for name, param in model.named_parameters():
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            if mirror is not None:
-                targets[name].copy_(full)
-            del full
 
 
 def save_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from grpoplus.containers import Collected, Rollouts, SamplingParams
 from grpoplus.prompts import PromptSampler
+from grpoplus.sync import StateDict, snapshot
 
 
 def position(sampler: PromptSampler, generator: torch.Generator) -> dict:
@@ -170,28 +171,28 @@ class BoundedStaleness:
 class SnapshotEngine:
     """A rollout engine on its own copy of the policy, so it can sample while the learner updates.
 
-    ``sync_weights`` copies the learner's weights at once (a snapshot of that version) and the
-    engine's copy takes them before its next ``generate``; calls come from two threads.
+    ``sync_weights`` snapshots the learner's weights at once (that version: the learner goes on
+    changing them) and the engine loads the snapshot into its copy before its next ``generate``;
+    calls come from two threads.
     """
 
-    def __init__(self, engine, model: torch.nn.Module):
-        self.engine, self.model = engine, model
+    def __init__(self, engine):
+        self.engine = engine
         self.name, self.pad_id = engine.name, engine.pad_id
         self._lock = threading.Lock()
-        self._pending: tuple[dict, int] | None = None
+        self._pending: tuple[StateDict, int] | None = None
 
-    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    def sync_weights(self, weights, version: int) -> None:
+        taken = snapshot(weights)
         with self._lock:
-            self._pending = (snapshot, version)
+            self._pending = (taken, version)
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
                  generator: torch.Generator | None = None) -> Rollouts:
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            self.model.load_state_dict(pending[0])
-            self.engine.sync_weights(self.model, pending[1])
+            self.engine.sync_weights(*pending)
         return self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator)
 
     def offload(self) -> None:

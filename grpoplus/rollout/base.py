@@ -16,6 +16,7 @@ import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.registry import Registry
+from grpoplus.sync import WeightSource
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ class RolloutEngine(Protocol):
                  generator: torch.Generator | None = None) -> Rollouts:
         """Sample ``params.n`` responses for every prompt; groups are contiguous rows."""
 
-    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Load the learner's current weights; ``version`` is tagged on later rollouts."""
+    def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
+        """Load the learner's current weights from any :mod:`grpoplus.sync` source (a module is ``InProcess``);
+        ``version`` is tagged on later rollouts."""
 
     def offload(self) -> None:
         """Free device memory the learner needs during its update (``sync_weights`` brings the engine back)."""

@@ -24,6 +24,7 @@ from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
+from grpoplus.sync import InProcess, WeightSource, as_source, load_into
 
 
 
@@ -186,14 +187,17 @@ class HFEngine:
         self.record_routing = options.record_routing
         self.pack_weights = hf_engine_kwargs(options.extra)
         self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
+        self.base = model  # takes weights that come from outside this process's modules
         self.model = self._sampler(model)
         if self.record_routing:
             routing_spec(self.merged if self.merged is not None else model)  # ValueError: the model has no MoE router
 
-    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Load the learner's weights: share ``model`` itself, or make a new low-precision copy of it; a LoRA
-        policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W)."""
-        self.model = self._sampler(model)
+    def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
+        """Load the learner's weights (any :mod:`grpoplus.sync` source): share a module in this process itself,
+        or make a new low-precision copy of it; other sources are copied into the module the engine was built
+        on. A LoRA policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W)."""
+        source = as_source(weights)
+        self.model = self._sampler(source.module if isinstance(source, InProcess) else load_into(self.base, source))
         self.version = version
 
     def _sampler(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -29,6 +29,7 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, plain_model, save_adapters
 from grpoplus.rollout.base import ENGINES, EngineError, EngineOptions, check_request, require_engine
 from grpoplus.rollout.hf import pad_right, stop_token_ids
+from grpoplus.sync import InProcess, WeightSource, as_source, load_into, tensors
 
 QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
 """grpoplus name -> vLLM ``quantization`` (on-the-fly quantization of the loaded weights; vLLM runs
@@ -95,6 +96,7 @@ class VLLMEngine:
         self.sleep_between_steps = bool(extra.pop("sleep_between_steps", False))
         self._dir = tempfile.mkdtemp(prefix="grpoplus-vllm-")
         self.llm = None
+        self.base = model  # a LoRA policy: takes adapters that come from outside this process's modules
         self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
         if self.lora_rank > VLLM_LORA_RANKS[-1]:
             raise ValueError(f"rollout engine 'vllm' applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
@@ -179,15 +181,17 @@ class VLLMEngine:
             prompt_index=list(prompt_index) if prompt_index is not None else list(range(n_prompts)),
             policy_version=self.version)
 
-    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Load the learner's weights through vLLM's in-place reload path (a LoRA policy: its adapters
-        alone, as a new adapter), then drop the prefix cache."""
+    def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
+        """Load the learner's weights (any :mod:`grpoplus.sync` source) through vLLM's in-place reload path (a
+        LoRA policy: its adapters alone, as a new adapter, saved from the policy module; a source outside this
+        process's modules is first copied into the module the engine was built on), then drop the prefix cache."""
+        source = as_source(weights)
         if self.sleep_between_steps:
             self.llm.wake_up()
         if self.lora_rank:
-            self._load_adapters(model)
+            self._load_adapters(source.module if isinstance(source, InProcess) else load_into(self.base, source))
         else:
-            weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+            weights = list(tensors(source))
             run_with_timeout(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}),
                              self.options.generate_timeout_s, "loading new weights")
         self.llm.reset_prefix_cache()
