@@ -53,14 +53,14 @@ def synthetic_batch(vocab: int, with_logp_old: bool, seed: int = 0):
 
 
 def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Queue") -> None:
-    from grpoplus.build import build_learner_rank, build_learner_rank_parts
+    from grpoplus.build.learner import build_learner_rank_parts, build_rank_model
     from grpoplus.config import build_config
     from grpoplus.distributed.group import RankGroup, Rendezvous
     from grpoplus.distributed.learner import update_step
 
     torch.set_num_threads(1)
     cfg = build_config("dapo", overrides=[f"data_parallel={world}", *overrides])
-    model = build_learner_rank(cfg, "cpu")
+    _, model = build_rank_model(cfg.to_dict(), "cpu")
     group = RankGroup.join(Rendezvous(f"tcp://127.0.0.1:{port}", rank, world, "cpu", 600.0))
     parts, plan = build_learner_rank_parts(cfg, model, group)
     trained = [p for p in parts.model.parameters() if p.requires_grad]

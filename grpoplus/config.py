@@ -513,8 +513,7 @@ def _check_scale(cfg: Config) -> None:
 
 def _check_sharded(cfg: Config) -> None:
     """What a sharded learner (learner.strategy=fsdp2) does not run yet, each with the setting that does."""
-    refused = [(cfg.run.cluster != "local", "cluster=ray", "cluster=local"),
-               (cfg.algo.routing_replay != "off", f"algo.routing_replay={cfg.algo.routing_replay}",
+    refused = [(cfg.algo.routing_replay != "off", f"algo.routing_replay={cfg.algo.routing_replay}",
                 "routing_replay=off"),
                (cfg.algo.ref_reset_every > 0, "algo.ref_reset_every", "ref_reset_every=0")]
     for bad, what, fix in refused:

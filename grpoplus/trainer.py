@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from grpoplus.build import Components, build
+from grpoplus.build.learner import RANK_BUILDERS
 from grpoplus.config import Config, build_config
 from grpoplus.containers import ScoredGroups
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
@@ -80,7 +81,7 @@ def restore(c: Components, path: Path) -> tuple[int, dict]:
 def train(cfg: Config, resume: bool = False) -> list[dict]:
     """Run (or resume) training; returns the metric records written by this call."""
     if torchrun_follower(cfg):  # under torchrun every rank runs this; ranks > 0 only take part in updates
-        follow_torchrun(cfg)
+        follow_torchrun(cfg, RANK_BUILDERS)
         return []
     run_dir = RunDir(cfg.run.out)
     if not resume:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -53,6 +54,14 @@ class LearnerParts:
         return self.mirror if self.mirror is not None else self.model
 
 
+class RankBuilders(NamedTuple):
+    """How a learner rank's own process builds itself; the build layer hands them to the learner roles
+    (:mod:`grpoplus.build.learner`), which never import it."""
+
+    model: Callable  # (config dict, device or None) -> (Config, policy), before the rank joins its group
+    parts: Callable  # (Config, policy, group or None, reward weights) -> (LearnerParts, LearnerPlan), after
+
+
 class Learner:
     """The learner as the trainer sees it: rank 0 of the learner group, or the only rank.
 
@@ -81,11 +90,16 @@ class Learner:
 
     def publish(self, version: int) -> None:
         """The policy's weights to every target; later rollouts carry ``version``."""
+        weights = self.weights()
+        for target in self.targets:
+            target.sync_weights(weights, version)
+
+    def weights(self) -> InProcess:
+        """The whole policy in this process: a sharded learner's is first gathered into rank 0's plain copy."""
         if self.plan.sharded:
             self._tell("gather_weights", None)
             self._collective("gathering the sharded weights", lambda: gather_into(self.parts.mirror, self.parts.model))
-        for target in self.targets:
-            target.sync_weights(InProcess(self.parts.policy), version)
+        return InProcess(self.parts.policy)
 
     def save(self, run_dir: Path, step: int, tokenizer, state: dict, keep: int) -> Path:
         """A checkpoint of the whole weights, optimizer and entropy control (identical on every rank) plus the

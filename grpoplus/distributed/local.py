@@ -13,9 +13,9 @@ import multiprocessing
 import os
 import sys
 
-from grpoplus.config import Config, build_config
+from grpoplus.config import Config
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
-from grpoplus.distributed.learner import follow
+from grpoplus.distributed.learner import RankBuilders, follow
 
 
 def torchrun_follower(cfg: Config) -> bool:
@@ -35,8 +35,9 @@ def rank_device(device: str, local_rank: int) -> str:
     return f"cuda:{local_rank}" if device == "cuda" else device
 
 
-def start_ranks(cfg: Config) -> tuple[Rendezvous, "LocalRanks | None"]:
-    """Rank 0's rendezvous; ranks 1..N-1 are started here unless torchrun started them."""
+def start_ranks(cfg: Config, builders: RankBuilders) -> tuple[Rendezvous, "LocalRanks | None"]:
+    """Rank 0's rendezvous; ranks 1..N-1 are started here (each building itself with ``builders``) unless
+    torchrun started them."""
     world, lrn = cfg.learner.data_parallel, cfg.learner
     if "WORLD_SIZE" in os.environ:  # torchrun started the ranks (torchrun_follower checked their number)
         return Rendezvous("env://", 0, world, rank_device(lrn.device, int(os.environ.get("LOCAL_RANK", "0"))),
@@ -45,7 +46,7 @@ def start_ranks(cfg: Config) -> tuple[Rendezvous, "LocalRanks | None"]:
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of a process holding threads
     procs = [ctx.Process(target=run_follower,
                          args=(cfg.to_dict(), Rendezvous(init, r, world, rank_device(lrn.device, r),
-                                                         lrn.collective_timeout_s)),
+                                                         lrn.collective_timeout_s), builders),
                          name=f"grpoplus-learner-rank{r}", daemon=True) for r in range(1, world)]
     for proc in procs:
         proc.start()
@@ -71,24 +72,21 @@ class LocalRanks:
                 proc.join()
 
 
-def follow_torchrun(cfg: Config) -> None:
+def follow_torchrun(cfg: Config, builders: RankBuilders) -> None:
     """A torchrun rank > 0: build the learner parts and follow rank 0 until it stops."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     run_follower(cfg.to_dict(), Rendezvous("env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                                            rank_device(cfg.learner.device, local_rank),
-                                           cfg.learner.collective_timeout_s))
+                                           cfg.learner.collective_timeout_s), builders)
 
 
-def run_follower(config: dict, rendezvous: Rendezvous) -> None:
-    """Entry point of a follower rank: its parts, the group, rank 0's commands until stop."""
-    from grpoplus.build import build_learner_rank, build_learner_rank_parts
-
+def run_follower(config: dict, rendezvous: Rendezvous, builders: RankBuilders) -> None:
+    """Entry point of a follower rank: its policy, the group, its parts, rank 0's commands until stop."""
     try:
-        cfg = build_config(base=config)
-        model = build_learner_rank(cfg, rendezvous.device)
+        cfg, model = builders.model(config, rendezvous.device)
         group = RankGroup.join(rendezvous)
         try:
-            parts, plan = build_learner_rank_parts(cfg, model, group)
+            parts, plan = builders.parts(cfg, model, group)
             follow(parts, cfg.algo, plan, group)
         finally:
             group.close()

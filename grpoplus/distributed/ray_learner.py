@@ -18,39 +18,32 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpoplus.containers import ScoredGroups, UpdateResult
 from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
-from grpoplus.distributed.learner import Learner, follow
+from grpoplus.distributed.learner import Learner, RankBuilders, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
-from grpoplus.sync import Collective, ObjectStore
+from grpoplus.sync import Collective, ObjectStore, tensors
 
 
 @ray.remote
 class LearnerRank:
     """One learner rank: its parts, and (rank 0) the learner the driver calls."""
 
-    def __init__(self, config: dict, weights: dict, rank: int, world: int, rewards: tuple):
-        from grpoplus.build import build_learner_parts, build_learner_plan, build_policy, build_process
-        from grpoplus.config import build_config
-
-        self.cfg = build_config(base=config)
-        build_process(self.cfg)
-        self.device = "cuda" if self.cfg.learner.device.startswith("cuda") else self.cfg.learner.device
-        model, _ = build_policy(self.cfg, self.device)  # Ray gives the actor its GPU as cuda:0
-        model.load_state_dict(weights)
-        self.parts, self.plan = build_learner_parts(self.cfg, model), build_learner_plan(self.cfg, model, rewards)
-        self.rank, self.world, self.learner = rank, world, None
+    def __init__(self, config: dict, weights: dict, rank: int, world: int, rewards: tuple, builders: RankBuilders):
+        self.cfg, self.model = builders.model(config)  # Ray gives the actor its GPU as cuda:0
+        self.model.load_state_dict(weights)
+        self.device = str(next(self.model.parameters()).device.type)
+        self.rank, self.world, self.rewards, self.builders, self.learner = rank, world, rewards, builders, None
 
     def address(self) -> str:
         return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
     def join(self, init_method: str) -> None:
-        from grpoplus.build import rank_hooks
-
+        """Join the learner group, then build this rank's parts in it (a sharded policy is sharded over it)."""
         group = None
         if self.world > 1:
             group = RankGroup.join(Rendezvous(init_method, self.rank, self.world, self.device,
                                               self.cfg.learner.collective_timeout_s))
-            self.parts.hooks = rank_hooks(self.cfg, self.parts.model, group)
+        self.parts, self.plan = self.builders.parts(self.cfg, self.model, group, self.rewards)
         if self.rank == 0:
             self.learner = Learner(self.parts, self.cfg.algo, self.plan, group)
         else:
@@ -66,13 +59,13 @@ class LearnerRank:
         return self.learner.learn(scored, step)
 
     def join_weight_sync(self, address: str, world: int, timeout_s: float) -> None:
-        self.weights_out = WeightGroup.join(address, 0, world, self.parts.model, timeout_s, "learner rank 0")
+        self.weights_out = WeightGroup.join(address, 0, world, self.parts.policy, timeout_s, "learner rank 0")
 
     def send_weights(self) -> None:
-        self.weights_out.broadcast(self.parts.model)
+        self.weights_out.broadcast(self.learner.weights().module)
 
     def weights(self) -> dict:
-        return {k: v.detach().cpu() for k, v in self.parts.model.state_dict().items()}
+        return {name: t.cpu() for name, t in tensors(self.learner.weights())}
 
     def save(self, run_dir: str, step: int, tokenizer, state: dict, keep: int) -> str:
         return str(self.learner.save(Path(run_dir), step, tokenizer, state, keep))
@@ -88,14 +81,14 @@ class RayLearnerGroup:
     """The learner role as the trainer sees it (``learn``, ``publish``, ``save``, ``load``, ``close``),
     over N :class:`LearnerRank` actors."""
 
-    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple, *,
-                 gpu: bool, timeout_s: float):
+    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple,
+                 builders: RankBuilders, *, gpu: bool, timeout_s: float):
         self.targets, self.timeout_s = targets, timeout_s
         self.broadcast: Broadcast | None = None  # set by form_weight_sync (ray.weight_sync=collective)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
                                            scheduling_strategy=here if rank == 0 else "DEFAULT")
-                       .remote(config, weights, rank, ranks, rewards) for rank in range(ranks)]
+                       .remote(config, weights, rank, ranks, rewards, builders) for rank in range(ranks)]
         addresses = [actor.address.remote() for actor in self.actors]
         init = [self._wait(ref, rank, "starting (building its model and optimizer)")
                 for rank, ref in enumerate(addresses)][0]  # every rank placed and built; rank 0's address

@@ -39,17 +39,9 @@ from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_sour
 class RolloutWorker:
     """One rollout engine on its own copy of the policy."""
 
-    def __init__(self, config: dict):
-        from grpoplus.build import build_engine, build_policy, build_process
-        from grpoplus.config import build_config
-        from grpoplus.learner.replay import check_replay
-
-        cfg = build_config(base=config)
-        build_process(cfg)
-        self.release_memory = cfg.run.release_memory != "off"
-        self.model, tokenizer = build_policy(cfg)  # the learner's weights come with sync()
-        moe = check_replay(cfg.algo.routing_replay, self.model) is not None  # the sampler's routing, as in one process
-        self.engine = build_engine(cfg, self.model, tokenizer, record_routing=moe)
+    def __init__(self, config: dict, build):
+        parts = build(config)  # grpoplus.build.factories.build_rollout_worker; the weights come with sync()
+        self.model, self.engine, self.release_memory = parts.model, parts.engine, parts.release_memory
 
     def ready(self) -> int:
         return os.getpid()
@@ -83,14 +75,15 @@ class RayRolloutEngine:
     broadcast of ``collective`` weight sync; workers take them before their next request.
     """
 
-    def __init__(self, config: dict, weights: ObjectStore, workers: int, engine: str, pad_id: int, *, seed: int,
+    def __init__(self, config: dict, weights: ObjectStore, workers: int, engine: str, pad_id: int, build, *,
+                 seed: int,
                  gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
         self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
         self.timeout_s, self.start_timeout_s, self.collective = timeout_s, start_timeout_s, collective
         self.max_restarts = 0 if collective else max_restarts  # a restarted worker cannot rejoin the broadcast group
         self._busy = threading.Lock()  # held by a request: a broadcast waits for the one in flight (bounded staleness)
         self.actors = [RolloutWorker.options(max_restarts=self.max_restarts, max_task_retries=0, **role_resources(gpu))
-                       .remote(config) for _ in range(workers)]
+                       .remote(config, build) for _ in range(workers)]
         self.restarts = 0
         self.sync_weights(weights, 0)  # self._weights: the newest, sent again to a restarted worker
         for i, actor in enumerate(self.actors):

@@ -62,6 +62,17 @@ def test_one_rollout_worker_and_two_learner_ranks_train_exactly_like_one_process
     assert _equal(_final(tmp_path / "ray")[1], _final(tmp_path / "local")[1])
 
 
+def test_sharded_learner_ranks_on_ray_train_exactly_like_sharded_local_ranks(nano_dir, tmp_path):
+    # learner.strategy=fsdp2 on Ray actors: the ranks shard the policy in their own group and rank 0's gathered
+    # weights reach the rollout worker through the object store; the same as two sharded ranks on this machine.
+    fsdp2 = ("learner.data_parallel=2", "learner.strategy=fsdp2")
+    local = _run(nano_dir, tmp_path / "local", *fsdp2)
+    on_ray = _run(nano_dir, tmp_path / "ray", "cluster=ray", "rollout.workers=1", *fsdp2)
+    assert on_ray == local
+    assert _equal(_final(tmp_path / "ray")[1], _final(tmp_path / "local")[1])
+    assert (ckpt.latest_checkpoint(tmp_path / "ray") / "optimizer" / "__1_0.distcp").is_file()  # rank 1's shards
+
+
 def _kill_a_worker_mid_request(run_dir: Path, killed: list, stop: threading.Event, after_step: int = 1) -> None:
     """Once ``after_step`` is logged, SIGKILL a rollout worker process while it serves a generate request."""
     while not stop.is_set() and not (run_dir / "metrics.jsonl").is_file() or \

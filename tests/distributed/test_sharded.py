@@ -97,13 +97,11 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
 
 
 @pytest.mark.parametrize("override, message", [
-    ("cluster=ray", "cluster=ray yet: set cluster=local"),
     ("routing_replay=r2", "routing_replay=r2 yet: set routing_replay=off"),
     ("ref_reset_every=5 beta=0.01", "ref_reset_every yet: set ref_reset_every=0"),
     ("strategy=zero3", "replicate, fsdp2"),
 ])
 def test_what_a_sharded_learner_does_not_run_is_refused_in_one_line(override, message):
-    pytest.importorskip("ray")
     with pytest.raises(ValueError, match=message):
         build_config(overrides=[*FSDP2, "micro_batch_size=16", *override.split()])
 

@@ -39,10 +39,12 @@ def test_collective_sync_trains_exactly_like_the_object_store(nano_dir, tmp_path
     assert _equal(_final(tmp_path / "bcast")[1], _final(tmp_path / "store")[1])
 
 
-def test_after_a_sync_every_worker_holds_learner_rank_0s_weights_and_version(nano_dir, tmp_path):
-    # two learner ranks: the weight-sync group lives beside their default group, not in it
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp2"])
+def test_after_a_sync_every_worker_holds_learner_rank_0s_weights_and_version(nano_dir, tmp_path, strategy):
+    # two learner ranks: the weight-sync group lives beside their default group, not in it; sharded (fsdp2), rank 0
+    # gathers the whole weights from both ranks' shards before it broadcasts them
     cfg = _config(nano_dir, tmp_path, "cluster=ray", "rollout.workers=2", "learner.data_parallel=2",
-                  "ray.weight_sync=collective")
+                  "ray.weight_sync=collective", f"learner.strategy={strategy}")
     c = build(cfg)
     try:
         before = ray.get(c.learner.actors[0].weights.remote())

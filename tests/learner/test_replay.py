@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.build import check_engine_routing
+from grpoplus.build.factories import check_engine_routing
 from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, SamplingParams, ScoredGroups
 from grpoplus.learner.logprobs import response_logprobs

@@ -6,7 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpoplus.learner.trimming as trimming
-from grpoplus.build import build, build_learner_plan
+from grpoplus.build import build
+from grpoplus.build.learner import build_learner_plan
 from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs

@@ -2,7 +2,7 @@
 
 import json
 
-from grpoplus.build import build_data
+from grpoplus.build.factories import build_data
 from grpoplus.config import build_config
 from grpoplus.tasks import get_task
 

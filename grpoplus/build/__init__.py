@@ -1,0 +1,74 @@
+"""Config -> components: the one place that turns a validated config into objects.
+
+- :mod:`~grpoplus.build.factories`: leaf factories (policy, data, rewards, engine, optimizer, collection);
+- :mod:`~grpoplus.build.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
+  processes alike (handed to the roles as :data:`~grpoplus.build.learner.RANK_BUILDERS`, so no role
+  imports this package);
+- :mod:`~grpoplus.build.placements`: local or Ray, each handing its roles back;
+- here: :func:`build`, which wires the loop's components (and only here: a placement that returned
+  the components would import the wiring back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus.build.factories import (build_collect_plan, build_lora, build_process, build_rewards,
+                                      build_task_and_model, check_engine_routing, logp_old_source)
+from grpoplus.config import Config
+from grpoplus.learner.precision import check_precision
+from grpoplus.learner.prepare import logp_old_mode
+from grpoplus.learner.replay import check_replay
+from grpoplus.prompts import PromptSampler
+from grpoplus.scoring import Scorer
+
+
+@dataclass
+class Components:
+    """Everything a run needs, built once from its config."""
+
+    task: object
+    train: list
+    test: list
+    tokenizer: object
+    engine: object  # the engine held-out evaluation samples with (it also samples the rollouts when synchronous)
+    scorer: object
+    sampler: PromptSampler
+    generator: torch.Generator
+    collect_plan: object  # grpoplus.collect.CollectPlan
+    learner: object  # grpoplus.distributed.learner.Learner, or the Ray learner group
+    collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
+    cluster: object | None = None  # the Ray connection of cluster=ray
+
+    def close(self) -> None:
+        self.collector.close()
+        self.learner.close()
+        self.scorer.close()
+        self.engine.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def build(cfg: Config) -> Components:
+    """The run's components: checks that fail before anything loads, the task and policy, then the roles
+    where ``run.cluster`` places them."""
+    from grpoplus.build.placements import Collection, place_local, place_on_ray
+
+    build_process(cfg)
+    logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
+    check_precision(cfg.learner.precision, cfg.learner.device)
+    check_engine_routing(cfg)
+    task, train, test, model, tokenizer = build_task_and_model(cfg)
+    replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
+    collection = Collection(train, build_collect_plan(cfg, tokenizer), PromptSampler(len(train), cfg.run.seed),
+                            torch.Generator().manual_seed(cfg.run.seed))
+    if cfg.run.cluster == "ray":
+        roles = place_on_ray(cfg, task, model, tokenizer, collection)
+    else:
+        roles = place_local(cfg, build_lora(cfg, model), tokenizer, Scorer(build_rewards(cfg, task), train),
+                            collection, replay)
+    return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
+                      collection.sampler, collection.generator, collection.plan, roles.learner, roles.collector,
+                      roles.cluster)

@@ -1,0 +1,238 @@
+"""Leaf factories: each turns a validated config into one component (policy, data, rewards, engine,
+optimizer, collection), for any placement and any process of a run, the roles' own processes included."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus.collect import CollectPlan, collect
+from grpoplus.config import Config, build_config
+from grpoplus.containers import SamplingParams
+from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
+from grpoplus.prompts import PromptSampler
+
+
+def build_process(cfg: Config) -> None:
+    """Settings of every process of a run (the driver, learner ranks, rollout workers)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar: ours
+    torch.manual_seed(cfg.run.seed)
+    if cfg.learner.device.startswith("cuda"):
+        set_tf32(cfg.learner.tf32)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+
+
+def build_collect_plan(cfg: Config, tokenizer) -> CollectPlan:
+    params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens)
+    return CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
+
+
+def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
+                    generator: torch.Generator):
+    """Synchronous collection (max_staleness = 0), or collection ahead of the learner by at most K versions."""
+    from grpoplus.distributed.staleness import BoundedStaleness, Synchronous
+
+    collect_step = functools.partial(collect, engine, sampler, train, scorer, plan, generator)
+    if cfg.rollout.max_staleness == 0:
+        return Synchronous(collect_step, sampler, generator)
+    return BoundedStaleness(collect_step, engine, sampler, generator, cfg.rollout.max_staleness)
+
+
+def logp_old_source(cfg: Config) -> str:
+    """``learner.logp_old``, except that LoRA dropout makes the training forward stochastic: pi_old then
+    needs its own pass."""
+    lrn = cfg.learner
+    return "recompute" if lrn.lora_rank and lrn.lora_dropout > 0 and lrn.logp_old == "auto" else lrn.logp_old
+
+
+def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
+    """(name, weight) of each reward component, for the learner plan."""
+    return tuple((c.name, c.weight) for c in components)
+
+
+def build_policy(cfg: Config, device: str | None = None):
+    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device)."""
+    from grpoplus.models.load import load_policy
+
+    d = cfg.data
+    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
+        return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
+                           device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
+                           lora=cfg.learner.lora_rank > 0)
+
+
+@contextmanager
+def phase(what: str):
+    """A line on stderr when a long phase starts and one when it ends, with its duration (a silent
+    minute looks like a hang)."""
+    print(f"{what} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"{what}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def build_task_and_model(cfg: Config):
+    """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
+    from grpoplus.models.load import is_builtin
+
+    d, name = cfg.data, cfg.learner.model
+    tasks = builtin_tasks(cfg)
+    if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):  # refused before the tiny model's warm start
+        raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
+                         "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
+    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
+    return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
+
+
+def builtin_tasks(cfg: Config) -> tuple | None:
+    """(task, held_out) of a built-in task: its training problems from ``run.seed``, its held-out ones
+    from ``data.eval_seed``; None for a data set."""
+    from grpoplus.tasks import get_task
+
+    d = cfg.data
+    if d.data is not None:
+        return None
+    kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
+    task = get_task(d.task, seed=cfg.run.seed, **kwargs)
+    return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
+
+
+def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
+    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``)."""
+    from grpoplus.tasks import without_prompts
+    from grpoplus.tasks.dataset import dataset_task
+    from grpoplus.tasks.synthetic import with_chat_template
+
+    d = cfg.data
+    tasks = tasks or builtin_tasks(cfg)
+    if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
+        task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
+        held_out = task
+    elif getattr(tasks[0], "chat", False) and d.chat_template:
+        task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
+    else:
+        task, held_out = tasks
+    test = list(held_out.split("test"))
+    return task, without_prompts(task.split("train"), test), test
+
+
+def build_lora(cfg: Config, model):
+    """The policy with LoRA adapters (``learner.lora_*``; only the adapters train), or ``model`` itself
+    when ``learner.lora_rank`` is 0."""
+    from grpoplus.models.lora import add_lora
+
+    lr = cfg.learner
+    if lr.lora_rank == 0:
+        return model
+    return add_lora(model, lr.lora_rank, lr.lora_alpha, lr.lora_dropout, lr.lora_target_modules)
+
+
+def build_rewards(cfg: Config, task):
+    """The reward pipeline of :func:`reward_components`, in-process or with a pool (``data.reward_workers``)."""
+    from grpoplus.rewards import RewardPipeline
+
+    return RewardPipeline(reward_components(cfg, task), workers=cfg.data.reward_workers,
+                          timeout_s=cfg.data.reward_timeout_s)
+
+
+def reward_components(cfg: Config, task) -> list:
+    """The configured reward components, the task verifier (weight 0 when not listed: accuracy is
+    always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""
+    from grpoplus.rewards import parse_reward_specs
+
+    specs = list(cfg.data.rewards)
+    names = [comp.name for comp in parse_reward_specs(specs, extra={"task": task.reward})]
+    if "task" not in names:
+        specs.append("task:0")
+    if cfg.algo.overlong_shaping:
+        if "soft_overlong" in names:
+            raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
+                             "or set overlong_shaping=false")
+        specs.append({"name": "soft_overlong", "kwargs": {"max_len": cfg.algo.max_len, "cache": cfg.algo.cache_len}})
+    return parse_reward_specs(specs, extra={"task": task.reward})
+
+
+def check_engine_routing(cfg: Config) -> None:
+    """R3 replays the experts the rollout engine routed each token to: refuse an engine that cannot
+    return them before anything is loaded (engines that can set ``returns_routing = True``)."""
+    from grpoplus.rollout import ENGINES
+
+    if cfg.algo.routing_replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
+        return
+    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
+    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
+                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
+
+
+def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
+    """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
+    from grpoplus.rollout import ENGINES, EngineOptions
+
+    r = cfg.rollout
+    factory = ENGINES.get(r.engine)
+    max_len = getattr(model.config, "max_position_embeddings", None) or 4096
+    options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
+                            max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
+                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
+                            dtype=COMPUTE_DTYPES[cfg.learner.precision],
+                            record_routing=record_routing and getattr(factory, "returns_routing", False))
+    with phase(f"starting rollout engine {r.engine}"):
+        return factory(model, tokenizer, options)
+
+
+def build_optimizer(cfg: Config, model):
+    """AdamW with linear warm-up then constant / cosine / linear decay (per optimizer step)."""
+    lr = cfg.learner
+    warmup, schedule = lr.warmup_steps, lr.lr_schedule
+    total = cfg.run.max_steps * cfg.algo.updates_per_batch
+    params = [p for p in model.parameters() if p.requires_grad]
+    # The fused kernel (CPU and CUDA) updates each tensor in one pass: no temporary copy of every parameter
+    # (the foreach path's peak) and several times faster on a CPU; elsewhere the foreach path.
+    kernel = {"fused": True} if params and params[0].device.type in ("cpu", "cuda") else {"foreach": True}
+    optimizer = torch.optim.AdamW(params, lr=lr.lr, weight_decay=lr.weight_decay,
+                                  betas=(lr.adam_beta1, lr.adam_beta2), **kernel)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass
+class WorkerParts:
+    """What a rollout worker's process holds: its copy of the policy and the engine sampling with it."""
+
+    model: torch.nn.Module
+    engine: object
+    release_memory: bool  # give the rollout's freed memory back after each request (run.release_memory)
+
+
+def build_rollout_worker(config: dict) -> WorkerParts:
+    """A Ray rollout worker's parts, in its own process, from the run's config (the weights come with sync)."""
+    from grpoplus.learner.replay import check_replay
+
+    cfg = build_config(base=config)
+    build_process(cfg)
+    model, tokenizer = build_policy(cfg)
+    moe = check_replay(cfg.algo.routing_replay, model) is not None  # the sampler's routing, as in one process
+    return WorkerParts(model, build_engine(cfg, model, tokenizer, record_routing=moe), cfg.run.release_memory != "off")

@@ -1,0 +1,125 @@
+"""Placements: where the roles run. Each takes the built policy and hands back the roles the loop uses
+(the engine evaluation samples with, the collector, the learner, the Ray connection); the loop's
+components are wired in :mod:`grpoplus.build`, the one module that builds them.
+
+- local: one process, or ``learner.data_parallel`` ranks on this machine (spawned here, or under
+  torchrun) with rank 0 in this process;
+- ray: rollout workers, the learner ranks and reward scoring as Ray actors and tasks, the driver
+  (this process) running the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from grpoplus.build.factories import (build_collect_plan, build_collector, build_engine, build_rollout_worker,
+                                      reward_weights)
+from grpoplus.build.learner import RANK_BUILDERS, build_learner_rank_parts
+from grpoplus.config import Config
+from grpoplus.prompts import PromptSampler
+
+
+@dataclass
+class Roles:
+    """What a placement hands back to the wiring."""
+
+    engine: object  # the engine held-out evaluation samples with (it also samples the rollouts when synchronous)
+    scorer: object
+    collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
+    learner: object  # grpoplus.distributed.learner.Learner, or the Ray learner group
+    cluster: object | None = None  # the Ray connection of cluster=ray
+
+
+@dataclass
+class Collection:
+    """What every placement's collector is built from (the same on every placement)."""
+
+    train: list
+    plan: object  # grpoplus.collect.CollectPlan
+    sampler: PromptSampler
+    generator: torch.Generator
+
+
+def place_local(cfg: Config, model: torch.nn.Module, tokenizer, scorer, collection: Collection,
+                replay: bool) -> Roles:
+    """One process, or rank 0 of the local learner ranks; ``replay``: the policy is an MoE routed by its sampler."""
+    from grpoplus.distributed.learner import Learner
+
+    group, launcher = start_learner_group(cfg)
+    try:
+        parts, plan = build_learner_rank_parts(cfg, model, group, reward_weights(scorer.pipeline.components))
+        policy = parts.policy  # a plain module holding the whole policy: what the engines sample with
+        engine = build_engine(cfg, policy, tokenizer, record_routing=replay)
+        if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
+            collector = _collector(cfg, engine, scorer, collection)
+            targets = (engine,)
+        else:  # sampling runs ahead of the learner on its own copy of the policy
+            from grpoplus.distributed.staleness import SnapshotEngine
+
+            sampling = SnapshotEngine(build_engine(cfg, copy.deepcopy(policy), tokenizer, record_routing=replay))
+            collector = _collector(cfg, sampling, scorer, collection)
+            targets = (engine, collector)
+    except BaseException:
+        if launcher is not None:
+            launcher.close()
+        raise
+    return Roles(engine, scorer, collector, Learner(parts, cfg.algo, plan, group, targets, launcher=launcher))
+
+
+def start_learner_group(cfg: Config):
+    """(group, launcher): None, None for one learner rank; else this process joins as rank 0 of
+    ``learner.data_parallel`` ranks on this machine (started here: the launcher) or under torchrun."""
+    from grpoplus.distributed.group import RankGroup
+    from grpoplus.distributed.local import start_ranks
+
+    if cfg.learner.data_parallel == 1:
+        return None, None
+    rendezvous, ranks = start_ranks(cfg, RANK_BUILDERS)
+    try:
+        group = RankGroup.join(rendezvous)
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
+    if ranks is not None:
+        group.describe_peers = ranks.describe
+    return group, ranks
+
+
+def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collection: Collection) -> Roles:
+    """cluster=ray: rollout workers, the learner group and reward scoring as Ray actors and tasks."""
+    import ray
+
+    from grpoplus.build.factories import reward_components
+    from grpoplus.distributed.ray_cluster import Cluster
+    from grpoplus.distributed.ray_learner import RayLearnerGroup
+    from grpoplus.distributed.ray_rollout import RayRolloutEngine
+    from grpoplus.distributed.ray_scoring import RayScorer
+    from grpoplus.sync import ObjectStore
+
+    r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
+    cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
+    gpu = lrn.device.startswith("cuda")
+    cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
+                         f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
+    config, weights = cfg.to_dict(), ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    engine = RayRolloutEngine(config, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id,
+                              build_rollout_worker, seed=cfg.run.seed, gpu=gpu, max_restarts=rc.max_restarts,
+                              timeout_s=r.engine_timeout_s, start_timeout_s=rc.timeout_s,
+                              collective=rc.weight_sync == "collective")
+    components = reward_components(cfg, task)
+    scorer = RayScorer(components, collection.train, cfg.data.reward_workers, cfg.data.reward_timeout_s, rc.timeout_s)
+    collector = _collector(cfg, engine, scorer, collection)
+    targets = (engine,) if r.max_staleness == 0 else (collector,)
+    learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, reward_weights(components), RANK_BUILDERS,
+                              gpu=gpu, timeout_s=rc.timeout_s)
+    if rc.weight_sync == "collective":
+        learner.form_weight_sync(engine.actors, lrn.collective_timeout_s)
+    return Roles(engine, scorer, collector, learner, cluster)
+
+
+def _collector(cfg: Config, engine, scorer, c: Collection):
+    return build_collector(cfg, engine, c.sampler, c.train, scorer, c.plan, c.generator)
