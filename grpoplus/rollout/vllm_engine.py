@@ -64,6 +64,9 @@ def run_with_timeout(fn, timeout_s: float, what: str):
         pool.shutdown(wait=False)
 
 
+CPU_BATCHED_TOKENS = 4096  # vLLM's own default budget of tokens per scheduler step
+
+
 @ENGINES.register("vllm")
 class VLLMEngine:
     """vLLM sampling of ``params.n`` responses per prompt, with the sampled tokens' processed log-probs.
@@ -133,7 +136,10 @@ class VLLMEngine:
                       logprobs_mode="processed_logprobs", quantization=QUANTIZATIONS[self.options.quantization],
                       enforce_eager=device.type == "cpu", enable_sleep_mode=self.sleep_between_steps)
         if device.type == "cpu":
-            kwargs["kv_cache_memory_bytes"] = 1 << 30
+            # A prefill split over scheduler steps rewinds the request's seeded generator, which a CPU generator
+            # cannot do ("CPU Generator does not use offset"): whole prefills only, one request's at least per step.
+            kwargs.update(kv_cache_memory_bytes=1 << 30, enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(CPU_BATCHED_TOKENS, self.options.max_model_len))
         if self.options.max_num_seqs:
             kwargs["max_num_seqs"] = self.options.max_num_seqs
         if self.lora_rank:  # vLLM sizes its adapter buffers by one of its fixed ranks

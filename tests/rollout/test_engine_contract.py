@@ -147,6 +147,18 @@ def test_sync_weights_loads_the_learners_new_weights(name, engines, trained):
 
 
 @pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_a_batch_larger_than_one_scheduler_step_samples_and_repeats_exactly(name, engines):
+    # 120 prompts of 37 tokens x 2 samples: ~8,900 prompt tokens, over vLLM's 4,096 per step, so its prefills span
+    # steps (chunked prefill rewinds a seeded generator, which a CPU generator cannot: it crashed there).
+    prompts = [f"{i}+{i % 7}=" * (36 // len(f"{i}+{i % 7}=")) for i in range(120)]
+    params = SamplingParams(n=2, max_new_tokens=6)
+    first = engines(name).generate(prompts, params, generator=seeded(3))
+    again = engines(name).generate(prompts, params, generator=seeded(3))
+    assert first.response_ids.shape[0] == 240 and first.prompt_mask.sum() > 2 * 4096
+    assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.logp_roll, again.logp_roll)
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
 def test_bad_requests_name_the_problem(name, engines):
     engine = engines(name)
     with pytest.raises(ValueError, match="top_p"):
