@@ -433,8 +433,35 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     algo_values["max_len"] = sections["rollout"].max_new_tokens  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)
+    _compose(cfg, given={f"{section}.{name}" for section, items in values.items() for name in items})
     _check(cfg)
     return cfg
+
+
+def _compose(cfg: Config, given: set[str]) -> None:
+    """Fit values nobody gave (defaults and presets) to the ones given, with a note on stderr, where the
+    combination would otherwise be refused: a preset's mini-batch count above the prompts per step, a default
+    micro-batch too large to give every learner rank one. Values given are left to :func:`_check`."""
+    r, lrn, algo = cfg.rollout, cfg.learner, cfg.algo
+    if "algo.num_minibatches" not in given and algo.num_minibatches > r.prompts_per_step:
+        _note(f"algo.num_minibatches lowered from {algo.num_minibatches} (preset {cfg.run.preset}) to "
+              f"{r.prompts_per_step}: a mini-batch needs a whole group, and rollout.prompts_per_step="
+              f"{r.prompts_per_step}")
+        cfg.algo = dataclasses.replace(algo, num_minibatches=r.prompts_per_step)
+    rows = r.prompts_per_step * r.group_size // cfg.algo.num_minibatches
+    if "learner.micro_batch_size" not in given and not lrn.micro_batch_tokens and \
+            -(-rows // lrn.micro_batch_size) < lrn.data_parallel:
+        size = max(1, rows // lrn.data_parallel)
+        _note(f"learner.micro_batch_size lowered from {lrn.micro_batch_size} to {size}: each of "
+              f"learner.data_parallel={lrn.data_parallel} ranks takes whole micro-batches of a {rows}-response "
+              "mini-batch")
+        lrn.micro_batch_size = size
+
+
+def _note(text: str) -> None:
+    import sys
+
+    print(f"grpoplus: note: {text}", file=sys.stderr)
 
 
 def _from_bool(key: str, value: Any) -> Any:

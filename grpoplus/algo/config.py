@@ -247,18 +247,13 @@ class AlgoConfig:
 
     @property
     def updates_per_batch(self) -> int:
-        """Optimizer steps per rollout batch (ALGORITHMS.md section 7)."""
+        """Optimizer steps per rollout batch, ``num_iterations * num_minibatches`` (ALGORITHMS.md section 7)."""
         return self.num_iterations * self.num_minibatches
 
     @property
     def cache_len(self) -> int:
         """L_cache of the soft overlong punishment."""
         return overlong_cache_len(self.max_len, self.overlong_cache)
-
-    @property
-    def updates_per_batch(self) -> int:
-        """Optimizer steps per rollout batch: ``num_iterations * num_minibatches``."""
-        return self.num_iterations * self.num_minibatches
 
     @property
     def entropy_bonus(self) -> bool:

@@ -139,3 +139,23 @@ def test_algo_floats_written_without_a_dot_are_floats():
     # YAML 1.1 reads 1e-6 (no dot) as a string; every section coerces it like the others.
     cfg = build_config("grpo", overrides=["rs_threshold=1e-6", "correction_cap_low=5e-1"])
     assert cfg.algo.rs_threshold == 1e-6 and cfg.algo.correction_cap_low == 0.5
+
+
+def test_defaults_fit_the_values_given_with_a_note_and_given_values_are_never_changed(capfd):
+    # grpo's 4 mini-batches cannot split 2 prompts' groups; the default micro-batch of 64 gives 2 ranks only one
+    cfg = build_config("grpo", overrides=["prompts_per_step=2"])
+    assert cfg.algo.num_minibatches == 2 and cfg.algo.updates_per_batch == 2 * cfg.algo.num_iterations
+    cfg = build_config(overrides=["data_parallel=2"])
+    assert cfg.learner.micro_batch_size == 32  # 64 responses per mini-batch: one micro-batch of 32 for each rank
+    notes = capfd.readouterr().err.splitlines()
+    assert notes == [
+        "grpoplus: note: algo.num_minibatches lowered from 4 (preset grpo) to 2: a mini-batch needs a whole group, "
+        "and rollout.prompts_per_step=2",
+        "grpoplus: note: learner.micro_batch_size lowered from 64 to 32: each of learner.data_parallel=2 ranks takes "
+        "whole micro-batches of a 64-response mini-batch"]
+    assert build_config(base=cfg.to_dict()).learner.micro_batch_size == 32  # a resumed run: its saved values
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ValueError, match="algo.num_minibatches=4 exceeds rollout.prompts_per_step=2"):
+        build_config("grpo", overrides=["prompts_per_step=2", "num_minibatches=4"])
+    with pytest.raises(ValueError, match="makes only 1 of learner.micro_batch_size=64"):
+        build_config(overrides=["data_parallel=2", "micro_batch_size=64"])
