@@ -10,8 +10,14 @@ import numpy as np
 from .doctor import CHECKS, DoctorThresholds, Finding, _natural_layer_keys
 from .series import Series, Trace, rank_correlation
 
-RATIO_BOUNDED_LOSSES = frozenset({"clip", "gspo", "gspo_token", "gmpo", "cispo", "tis_pg"})
-"""Losses whose clip / trust region acts on the ratio to pi_old (ALGORITHMS.md section 2)."""
+def bounds_a_ratio(loss: str | None) -> bool:
+    """The loss declares parameters that act only through the ratio to pi_old (its clip or trust region:
+    ``grpoplus.algo.losses.ratio_dependent``, ALGORITHMS.md section 2); an unknown loss does not."""
+    from grpoplus.algo.losses import LOSSES
+
+    if not loss or loss not in LOSSES:  # e.g. a user's loss registered by code this process has not imported
+        return False
+    return bool(getattr(LOSSES.get(loss), "ratio_params", ()))
 
 
 @CHECKS.register("inert_clipping")
@@ -21,7 +27,7 @@ def check_inert_clipping(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
     needs several updates per batch for it to matter; DAPO and CISPO use 16)."""
     loss = info.get("loss")
     ratio = trace.get("loss/ratio_max").finite()
-    if loss not in RATIO_BOUNDED_LOSSES or len(ratio) < th.structural_min_steps:
+    if not bounds_a_ratio(loss) or len(ratio) < th.structural_min_steps:
         return None
     if np.abs(ratio.values - 1.0).max() > th.inert_ratio_tol:
         return None

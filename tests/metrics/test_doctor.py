@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from grpoplus.algo.losses import LOSSES, ratio_dependent
 from grpoplus.metrics import (
     CHECKS,
     DoctorThresholds,
@@ -132,6 +133,15 @@ def test_inert_clipping_needs_a_ratio_bounded_loss_and_a_ratio_stuck_at_one(trac
     assert "num_minibatches=16" in finding.fix
     assert _codes(records) == set()  # the loss is unknown: cannot say the clip is inert
     assert _codes(records, {"loss": "reinforce"}) == set()  # no clip to be inert
+    # the loss registry's own marks decide (grpoplus.algo.losses.ratio_dependent), for every built-in and a user's loss
+    for loss in ("sapo", "dppo_tv", "tis_pg_seq", "clip_cov"):
+        assert _codes(records, {**traces.CLIP_SETUP, "loss": loss}) == {"inert_clipping"}, loss
+    assert _codes(records, {**traces.CLIP_SETUP, "loss": "my_module:my_loss"}) == set()  # not registered here
+    LOSSES.add("test_user_trust_region", ratio_dependent("eps_high")(lambda *a, **k: None))
+    try:
+        assert _codes(records, {**traces.CLIP_SETUP, "loss": "test_user_trust_region"}) == {"inert_clipping"}
+    finally:
+        LOSSES._items.pop("test_user_trust_region")
     # several updates per batch move the ratio: 1.3 on the healthy trace, silent
     assert _codes(traces.healthy(), {"loss": "cispo", "updates_per_batch": 16}) == set()
     # one step off-policy (ratio 1.001 > tol) is enough to keep it silent
