@@ -143,8 +143,10 @@ class RolloutConfig:
 class LearnerConfig:
     model: str | None = None
     """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
-    lr: float = 2e-4
-    """AdamW peak learning rate (> 0)."""
+    lr: float | None = None
+    """AdamW peak learning rate (> 0); unset, it follows the model: 2e-4 for a toy model (under 10M parameters,
+    e.g. the built-in tiny ones), 1e-6 to fully fine-tune a real one (TRL's and verl's default), 1e-5 with LoRA
+    (about 10x full fine-tuning's: Schulman et al. 2025, "LoRA Without Regret"); the run names the value it chose."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     adam_beta1: float = 0.9
@@ -496,7 +498,7 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.rollout.temperature <= 0:
         raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
-    if cfg.learner.lr <= 0:
+    if cfg.learner.lr is not None and cfg.learner.lr <= 0:
         raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
     _check_group_size(cfg)
     if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:

@@ -193,6 +193,25 @@ def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
         return factory(model, tokenizer, options)
 
 
+TOY_PARAMETERS = 10_000_000  # below this a model is a toy (the built-in tiny ones: 0.34M), trained at a toy's rate
+LEARNING_RATES = {"toy": 2e-4, "full": 1e-6, "lora": 1e-5}
+
+
+def learning_rate(cfg: Config, model: torch.nn.Module) -> float:
+    """``learner.lr``, or when unset the one that fits the model (a rate tuned on the 0.34M built-in model damages
+    a real one within steps): toy, full fine-tuning or LoRA, said once on stderr for a real model."""
+    if cfg.learner.lr is not None:
+        return cfg.learner.lr
+    size = sum(p.numel() for p in model.parameters())
+    kind = "toy" if size < TOY_PARAMETERS else "lora" if cfg.learner.lora_rank else "full"
+    follower = torch.distributed.is_initialized() and torch.distributed.get_rank() > 0
+    if kind != "toy" and not follower:
+        what = "LoRA adapters" if kind == "lora" else "full fine-tuning"
+        print(f"grpoplus: note: learner.lr={LEARNING_RATES[kind]:g} ({what} of a {size / 1e6:.0f}M-parameter model; "
+              "set learner.lr to choose)", file=sys.stderr)
+    return LEARNING_RATES[kind]
+
+
 def build_optimizer(cfg: Config, model):
     """AdamW with linear warm-up then constant / cosine / linear decay (per optimizer step)."""
     lr = cfg.learner
@@ -202,7 +221,7 @@ def build_optimizer(cfg: Config, model):
     # The fused kernel (CPU and CUDA) updates each tensor in one pass: no temporary copy of every parameter
     # (the foreach path's peak) and several times faster on a CPU; elsewhere the foreach path.
     kernel = {"fused": True} if params and params[0].device.type in ("cpu", "cuda") else {"foreach": True}
-    optimizer = torch.optim.AdamW(params, lr=lr.lr, weight_decay=lr.weight_decay,
+    optimizer = torch.optim.AdamW(params, lr=learning_rate(cfg, model), weight_decay=lr.weight_decay,
                                   betas=(lr.adam_beta1, lr.adam_beta2), **kernel)
 
     def factor(step: int) -> float:

@@ -1,6 +1,9 @@
-"""The build layer's data: a held-out set fixed by data.eval_seed that no training prompt is part of."""
+"""The build layer's data: a held-out set fixed by data.eval_seed that no training prompt is part of; the
+learning rate that follows the model."""
 
 import json
+
+import torch
 
 from grpoplus.build.factories import build_data
 from grpoplus.config import build_config
@@ -38,3 +41,17 @@ def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
         assert not _prompts(train) & _prompts(test) and len(train) + len(test) == 40
     moved = build_data(build_config("dapo", overrides=[f"data={data}", "eval_seed=1", "chat_template=false"]), None)
     assert _prompts(moved[2]) != _prompts(splits[0][2])
+
+
+def test_the_learning_rate_follows_the_model_unless_given(capfd):
+    # A rate tuned on the 0.34M built-in model damages a real one: toy 2e-4, full fine-tuning 1e-6, LoRA 1e-5.
+    from grpoplus.build.factories import learning_rate
+
+    toy, real = torch.nn.Linear(10, 10), torch.nn.Embedding(12_000_000, 1)
+    assert learning_rate(build_config(), toy) == 2e-4 and capfd.readouterr().err == ""
+    assert learning_rate(build_config(), real) == 1e-6
+    assert learning_rate(build_config(overrides=["lora_rank=8"]), real) == 1e-5
+    assert capfd.readouterr().err.splitlines() == [
+        "grpoplus: note: learner.lr=1e-06 (full fine-tuning of a 12M-parameter model; set learner.lr to choose)",
+        "grpoplus: note: learner.lr=1e-05 (LoRA adapters of a 12M-parameter model; set learner.lr to choose)"]
+    assert learning_rate(build_config(overrides=["lr=3e-5"]), real) == 3e-5 and capfd.readouterr().err == ""
