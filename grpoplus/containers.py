@@ -45,10 +45,19 @@ class Rollouts:
     prompt_index: list[int]  # [B] caller-given ids of the prompts (e.g. data positions)
     policy_version: int = 0  # learner version whose weights sampled these rows (optimizer steps so far)
     routing: torch.Tensor | None = None  # [N, P + T, L, k] int16: the sampler's MoE experts (-1 = padding), or None
+    # [N, T] float, 1 on the tokens the policy sampled, 0 on environment tokens (observations and tool results of a
+    # multi-turn trajectory: in response_mask, so attended to, but with no loss, no logp_roll (0) and no entropy);
+    # None: every response token was sampled (single turn)
+    model_mask: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:  # [N] long
         return self.response_mask.sum(1).long()
+
+    @property
+    def sampled_mask(self) -> torch.Tensor:  # [N, T] float
+        """1 on the tokens the policy sampled: the only ones that carry loss, log-probs and entropy."""
+        return self.response_mask if self.model_mask is None else self.model_mask
 
     def select(self, rows: torch.Tensor) -> "Rollouts":
         """The given row indices (whole groups expected), group ids renumbered 0..B'-1."""
@@ -59,7 +68,8 @@ class Rollouts:
             response_ids=self.response_ids[rows], response_mask=self.response_mask[rows],
             logp_roll=self.logp_roll[rows], finished=self.finished[rows], group_ids=new_groups,
             texts=[self.texts[i] for i in rows.tolist()], prompt_index=[self.prompt_index[g] for g in uniq.tolist()],
-            policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows])
+            policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows],
+            model_mask=None if self.model_mask is None else self.model_mask[rows])
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
@@ -83,6 +93,8 @@ class Rollouts:
             prompt_index=[i for p in parts for i in p.prompt_index],
             policy_version=min(p.policy_version for p in parts),
             routing=_concat_routing(parts, width_p, width_t),
+            model_mask=None if all(p.model_mask is None for p in parts) else
+            torch.cat([_pad(p.sampled_mask, width_t, 0.0) for p in parts]),
         )
 
 

@@ -52,7 +52,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     trained = float(response_mask.sum())
     drawn = sum(float(s.rollouts.response_mask.sum()) for s in collected.drawn)
     metrics.update(result.metrics)
-    metrics.update(entropy_metrics(result.entropy, response_mask))
+    metrics.update(entropy_metrics(result.entropy, collected.batch.rollouts.sampled_mask))  # the policy's tokens
     metrics.update({"time/learner_s": learner_s,
                     "throughput/learner_tok_s": trained * cfg.algo.num_iterations / max(learner_s, 1e-9),
                     "throughput/rollout_tok_s": drawn / max(metrics["time/rollout_s"], 1e-9)})

@@ -119,7 +119,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     if plan.routing_replay == "r3" and r.routing is None:
         raise ValueError("algo.routing_replay=r3 replays the rollout engine's expert routing, but the engine returned "
                          "none: use rollout.engine=hf, or algo.routing_replay=r2")
-    mask = r.response_mask.float()
+    mask = r.sampled_mask.float()  # environment tokens of a multi-turn trajectory carry no loss
     logp_old = entropy = logp_ref = None
     routing = r.routing  # R3 replays it; off measures the learner's routing against it; R2 replaces it below
     if plan.logp_old == "recompute" or algo.entropy_mask_rho < 1.0:  # the entropy mask needs entropy first
@@ -157,7 +157,7 @@ def _advantages(scored: ScoredGroups, rewards: torch.Tensor, keep: torch.Tensor 
     """[N], or [N, T] with token whitening (``adv_whiten=token``). ``reward_aggregation=gdpo``:
     every reward component of the pipeline is a column (None -> 0), weighted as in the pipeline."""
     r = scored.rollouts
-    token_mask = r.response_mask if algo.adv_whiten == "token" else None
+    token_mask = r.sampled_mask if algo.adv_whiten == "token" else None
     if algo.reward_aggregation != "gdpo":
         return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps,
                                     keep=keep, token_mask=token_mask)
