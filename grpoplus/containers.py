@@ -52,7 +52,9 @@ class Rollouts:
 
     @property
     def lengths(self) -> torch.Tensor:  # [N] long
-        return self.response_mask.sum(1).long()
+        """|o_i|: the tokens the policy sampled (a multi-turn trajectory's observations not counted, ALGORITHMS.md
+        section 12)."""
+        return self.sampled_mask.sum(1).long()
 
     @property
     def sampled_mask(self) -> torch.Tensor:  # [N, T] float

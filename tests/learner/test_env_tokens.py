@@ -114,5 +114,6 @@ def test_selecting_and_stacking_rollouts_keeps_which_tokens_the_policy_sampled(t
     both = Rollouts.concat([r, single], pad_id=0)
     assert torch.equal(both.sampled_mask[:N], r.model_mask)  # the multi-turn rows keep their observations out
     assert torch.equal(both.sampled_mask[N:, :5], single.response_mask) and not both.sampled_mask[N:, 5:].any()
+    assert r.lengths.tolist() == [4, 6, 6, 4, 6, 6, 4, 6]  # |o_i|: turns 1 and 2, the observation not counted
     picked = r.select(torch.arange(4, 8))
     assert torch.equal(picked.model_mask, r.model_mask[4:]) and single.sampled_mask is single.response_mask
