@@ -63,9 +63,10 @@ def _train(args) -> int:
 
 def _presets(args) -> int:
     from grpoplus.algo import AlgoConfig
+    from grpoplus.algo.presets import describe
 
     for name in AlgoConfig.preset_names():
-        print(name)
+        print(describe(name))
     return 0
 
 
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     register_commands(sub)
     register_export(sub)
-    sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=_presets)
+    sub.add_parser("presets", help="list the algorithm presets: what each sets, and its paper").set_defaults(func=_presets)
     register_lab(sub)
     return parser
 

@@ -70,3 +70,37 @@ PRESETS.add("skywork_or1", dict(adv_estimator="grpo", loss="clip", aggregation="
                                 zero_variance_filter=True, entropy_adaptive=True, entropy_coef=0.0,
                                 entropy_target=0.2, entropy_coef_delta=0.005, entropy_coef_min=0.0,
                                 entropy_coef_max=1.0))
+
+# The paper (or reference implementation) each preset follows, shown by ``grpoplus presets``.
+PAPERS: dict[str, str] = {
+    "grpo": "GRPO: Shao et al. 2024, DeepSeekMath, arXiv:2402.03300",
+    "dapo": "DAPO: Yu et al. 2025, arXiv:2503.14476",
+    "dr_grpo": "Dr. GRPO: Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783",
+    "gspo": "GSPO: Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071",
+    "gmpo": "GMPO: Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673",
+    "cispo": "CISPO: MiniMax 2025, MiniMax-M1, arXiv:2506.13585",
+    "rloo": "RLOO: Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740",
+    "reinforce_pp": "REINFORCE++: Hu 2025, arXiv:2501.03262",
+    "lite_ppo": "Lite PPO: Liu et al. 2025, Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
+    "olmo3": "OLMo 3's RL recipe (Ai2 2025)",
+    "deepseek_v32": "DeepSeek-V3.2's RL recipe (DeepSeek-AI 2025)",
+    "prorl": "ProRL: Liu et al. 2025, Prolonged Reinforcement Learning, arXiv:2505.24864",
+    "gfpo": "GFPO: Shrivastava et al. 2025, Sample More to Think Less",
+    "sapo": "SAPO: soft adaptive policy optimization, arXiv:2511.20347 (TRL, verl)",
+    "dppo_tv": "DPPO, total-variation trust region, arXiv:2602.04879 (verl)",
+    "dppo_kl": "DPPO, binary-KL trust region, arXiv:2602.04879 (verl)",
+    "clip_cov": "Clip-Cov: Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617 (verl)",
+    "kl_cov": "KL-Cov: Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617 (verl)",
+    "skywork_or1": "Skywork-OR1 (MAGIC): He et al. 2025, arXiv:2505.22312",
+}
+
+
+def describe(name: str) -> str:
+    """One line: what the preset sets (from the registry itself, so it cannot drift) and whose recipe it is."""
+    values = ", ".join(f"{key}={_text(value)}" for key, value in PRESETS.get(name).items())
+    return f"{name}: {values or 'AlgoConfig defaults'} ({PAPERS.get(name, 'no paper named')})"
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+

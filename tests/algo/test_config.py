@@ -194,3 +194,16 @@ def test_token_whitening_and_gdpo_are_valid_where_they_act():
     assert AlgoConfig(adv_estimator="reinforce_pp", adv_whiten="token").adv_whiten == "token"
     assert AlgoConfig(reward_aggregation="gdpo", adv_whiten="token").reward_aggregation == "gdpo"
     assert AlgoConfig.preset("reinforce_pp", adv_whiten="token").updates_per_batch == 1
+
+
+def test_every_preset_says_what_it_sets_and_whose_recipe_it_is(capsys):
+    from grpoplus.algo.presets import PAPERS, PRESETS, describe
+    from grpoplus.cli import main
+
+    assert set(PAPERS) == set(PRESETS.names())  # a new preset must name its paper
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(PAPERS) and all(line == describe(line.split(":")[0]) for line in lines)
+    assert describe("dapo") == ("dapo: adv_estimator=grpo, loss=clip, eps_low=0.2, eps_high=0.28, aggregation=token_mean, "
+                                "dynamic_sampling=True, overlong_shaping=True, beta=0.0, num_minibatches=4 "
+                                "(DAPO: Yu et al. 2025, arXiv:2503.14476)")
