@@ -51,7 +51,6 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
     """grpoplus on TRL's benchmark task: same model, prompts, 4 x 8 completions of <= 8 tokens."""
     sys.path.insert(0, str(HERE))
     import torch
-
     from trl_peer import peer_model  # noqa: E402 (benchmarks/ is not a package)
 
     from grpoplus.config import build_config

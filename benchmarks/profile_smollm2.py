@@ -36,7 +36,6 @@ import os
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 

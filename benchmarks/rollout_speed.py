@@ -57,16 +57,16 @@ def main() -> None:
         generator = torch.Generator().manual_seed(0)
 
         def ours() -> int:
-            return int(engine.generate(prompts, params, generator=generator).response_mask.sum())
+            return int(engine.generate(prompts, params, generator=generator).response_mask.sum())  # noqa: B023
 
         enc = tok(prompts, padding=True, return_tensors="pt")
         enc = {k: v.repeat_interleave(GROUP, 0) for k, v in enc.items()}
 
         def hf_generate() -> int:
             with torch.inference_mode():
-                out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                     max_new_tokens=new_tokens)
-            new = out[:, enc["input_ids"].shape[1]:]
+                out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,  # noqa: B023
+                                     max_new_tokens=new_tokens)  # noqa: B023 (each closure runs in its iteration)
+            new = out[:, enc["input_ids"].shape[1]:]  # noqa: B023
             # Count up to and including the first EOS of each row, as the engine does.
             ended = (new == tok.eos_token_id).long().cumsum(1)
             return int(((ended == 0) | ((ended == 1) & (new == tok.eos_token_id))).sum())

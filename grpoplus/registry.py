@@ -13,7 +13,6 @@ decorator, in their own module, without editing the library::
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")

@@ -414,7 +414,8 @@ class AlgoConfig:
         need(self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         need(
             not (self.dynamic_sampling and self.zero_variance_filter),
-            "dynamic_sampling and zero_variance_filter are exclusive (dynamic sampling already drops all-equal groups, with refill)",
+            "dynamic_sampling and zero_variance_filter are exclusive (dynamic sampling already drops all-equal groups, "
+            "with refill)",
         )
         need(
             self.overlong_cache is None or 0 < self.overlong_cache <= self.max_len,

@@ -44,7 +44,8 @@ PRESETS.add("deepseek_v32", dict(adv_estimator="dr_grpo", loss="clip", eps_low=0
                                  kl_placement="in_loss", beta=1e-3, corrections=("deepseek_v32_mask",)))
 PRESETS.add("prorl", dict(adv_estimator="grpo", loss="clip", eps_low=0.2, eps_high=0.4, kl_estimator="k3",
                           kl_placement="in_loss", beta=1e-4, ref_reset_every=200, ref_reset_optimizer=True))
-PRESETS.add("gfpo", dict(PRESETS.get("grpo"), gfpo_keep=4, gfpo_metric="length"))  # keep 4 of the group (8 by default; the paper keeps 8 of 16)
+# GFPO keeps 4 of the group (8 by default; the paper keeps 8 of 16)
+PRESETS.add("gfpo", dict(PRESETS.get("grpo"), gfpo_keep=4, gfpo_metric="length"))
 
 # -- section 10 ------------------------------------------------------------------------------
 # SAPO: tau 1.0 / 1.05 and sequence-mean aggregation (the paper; TRL and verl force

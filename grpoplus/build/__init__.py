@@ -15,8 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.build.factories import (build_collect_plan, build_lora, build_process, build_rewards,
-                                      build_task_and_model, check_engine_routing, logp_old_source)
+from grpoplus.build.factories import (
+    build_collect_plan,
+    build_lora,
+    build_process,
+    build_rewards,
+    build_task_and_model,
+    check_engine_routing,
+    logp_old_source,
+)
 from grpoplus.config import Config
 from grpoplus.learner.precision import check_precision
 from grpoplus.learner.prepare import logp_old_mode

@@ -87,7 +87,8 @@ def build_task_and_model(cfg: Config):
 
     d, name = cfg.data, cfg.learner.model
     tasks = builtin_tasks(cfg)
-    if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):  # refused before the tiny model's warm start
+    # refused before the tiny model's warm start
+    if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.build.factories import (build_collect_plan, build_collector, build_engine, build_rollout_worker,
-                                      reward_weights)
+from grpoplus.build.factories import build_collector, build_engine, build_rollout_worker, reward_weights
 from grpoplus.build.learner import RANK_BUILDERS, build_learner_rank_parts
 from grpoplus.config import Config
 from grpoplus.prompts import PromptSampler

@@ -88,7 +88,8 @@ def _rows(path: Path) -> Iterator[tuple[int, object]]:
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
     reader = readers.get(path.suffix.lower())
     if reader is None:
-        raise ValueError(f"{path}: unsupported data file type {path.suffix!r}; use .jsonl, .json, .parquet or a datasets directory")
+        raise ValueError(f"{path}: unsupported data file type {path.suffix!r}; use .jsonl, .json, .parquet or a "
+                         "datasets directory")
     return reader(path)
 
 

@@ -26,13 +26,13 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.containers import ScoredGroups, TrainBatch, UpdateResult
-from grpoplus.learner import checkpoint as ckpt
-from grpoplus.learner.prepare import LearnerPlan, prepare
-from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
-from grpoplus.learner.update import update_policy
-from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.distributed.group import RankGroup, RoleError
 from grpoplus.distributed.sharding import save_optimizer_shards
+from grpoplus.learner import checkpoint as ckpt
+from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
+from grpoplus.learner.prepare import LearnerPlan, prepare
+from grpoplus.learner.update import update_policy
+from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.sync import InProcess, gather_into
 
 

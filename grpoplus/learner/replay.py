@@ -25,7 +25,14 @@ from typing import Iterator
 import torch
 
 from grpoplus.models.routing import (
-    NATURAL, RENORMALISES, ROUTING_DTYPE, RoutingSpec, expert_load, record_routing, replay_routing, routing_mismatch,
+    NATURAL,
+    RENORMALISES,
+    ROUTING_DTYPE,
+    RoutingSpec,
+    expert_load,
+    record_routing,
+    replay_routing,
+    routing_mismatch,
     routing_spec,
 )
 

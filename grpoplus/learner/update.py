@@ -18,7 +18,6 @@ import torch
 from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.checkpointing import checkpointed_layers
-from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
@@ -26,6 +25,7 @@ from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
+from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
 
 LOSS_KEYS = ("loss/policy", "loss/total")  # micro-batch parts of one globally normalised loss: they add up

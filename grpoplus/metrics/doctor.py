@@ -96,7 +96,7 @@ class DoctorThresholds:
     staleness_mismatch_ratio: float = 1.5
     """... and mean mismatch on the staler half of the steps at least this times the fresher half's (and >= mismatch_floor)."""
     routing_mismatch_max: float = 0.1
-    """routing_mismatch: recent mean of moe/routing_mismatch (share of token-layer expert choices that differ) at or above this."""
+    """routing_mismatch: recent mean of moe/routing_mismatch (share of token-layer expert choices that differ) at or above this."""  # noqa: E501
 
 
 def threshold_docs() -> dict[str, str]:

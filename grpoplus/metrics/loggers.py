@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from grpoplus.registry import Registry
+from grpoplus.rundir import MLRUNS_DIR, TB_DIR
+from grpoplus.rundir import TRACKERS_FILE as IDS_FILE
 
-from grpoplus.rundir import MLRUNS_DIR, TB_DIR, TRACKERS_FILE as IDS_FILE
 PROJECT = "grpoplus"
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from .doctor import CHECKS, DoctorThresholds, Finding, _natural_layer_keys
 from .series import Series, Trace, rank_correlation
 
+
 def bounds_a_ratio(loss: str | None) -> bool:
     """The loss declares parameters that act only through the ratio to pi_old (its clip or trust region:
     ``grpoplus.algo.losses.ratio_dependent``, ALGORITHMS.md section 2); an unknown loss does not."""

@@ -28,9 +28,9 @@ from .style import (
     metric_labels,
     metric_styles,
     new_figure,
+    shorten,
 )
 from .style import save as save_figure
-from .style import shorten
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,24 @@ Every reward is registered in :data:`REWARDS` with one signature,
 with :func:`parse_reward_specs` and :class:`RewardPipeline`.
 """
 
-from grpoplus.rewards.registry import REWARDS
-from grpoplus.rewards import code as _code, format as _format, length as _length, math_answer as _math  # registers
+from grpoplus.rewards import code as _code  # noqa: F401 (imported to register its rewards)
+from grpoplus.rewards import format as _format  # noqa: F401
+from grpoplus.rewards import length as _length  # noqa: F401
+from grpoplus.rewards import math_answer as _math  # noqa: F401
 from grpoplus.rewards.code import code_reward, extract_code
 from grpoplus.rewards.extract import extract_answer, last_boxed, reference_answer
 from grpoplus.rewards.format import format_ok
 from grpoplus.rewards.length import soft_overlong_penalty
 from grpoplus.rewards.math_answer import math_reward
-from grpoplus.rewards.pipeline import (RewardComponent, RewardError, RewardPipeline, RewardResult,
-                                       RewardTypeError, parse_reward_specs)
+from grpoplus.rewards.pipeline import (
+                                       RewardComponent,
+                                       RewardError,
+                                       RewardPipeline,
+                                       RewardResult,
+                                       RewardTypeError,
+                                       parse_reward_specs,
+)
+from grpoplus.rewards.registry import REWARDS
 from grpoplus.rewards.sandbox import SandboxResult, run_python
 
 __all__ = [

@@ -46,6 +46,9 @@ class EngineOptions:
     """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 
 
+DEFAULT_OPTIONS = EngineOptions()  # an engine built without options (frozen: safe to share)
+
+
 class RolloutEngine(Protocol):
     name: str  # the registered name, for messages
     pad_id: int  # the token that pads prompts and responses

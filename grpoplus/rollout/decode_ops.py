@@ -136,7 +136,7 @@ def _packed(linears: list[torch.nn.Linear], rows: int, dtype: torch.dtype):
         packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach().to(dtype), rows)
         bias = None if m.bias is None else m.bias.detach().to(dtype)
         m.forward = (lambda packed, bias: lambda x: torch.ops.mkldnn._linear_pointwise(
-            x.to(dtype), packed, bias, "none", [], ""))(packed, bias)  # an instance attribute: hooks run around it
+            x.to(dtype), packed, bias, "none", [], ""))(packed, bias)  # noqa: B023 (bound by the outer call)
     try:
         yield
     finally:

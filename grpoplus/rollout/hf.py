@@ -20,12 +20,11 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.learner.precision import autocast_to
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
-from grpoplus.rollout.base import ENGINES, EngineOptions, check_request
+from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 from grpoplus.sync import InProcess, WeightSource, as_source, load_into
-
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -168,7 +167,7 @@ class HFEngine:
     returns_routing = True  # honours EngineOptions.record_routing
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                 options: EngineOptions = EngineOptions()):
+                 options: EngineOptions = DEFAULT_OPTIONS):
         check_quantization(options.quantization, next(model.parameters()).device)
         if options.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the hf engine computes in float32 or bfloat16, not {options.dtype}")

@@ -27,7 +27,7 @@ import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, plain_model, save_adapters
-from grpoplus.rollout.base import ENGINES, EngineError, EngineOptions, check_request, require_engine
+from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineError, EngineOptions, check_request, require_engine
 from grpoplus.rollout.hf import pad_right, stop_token_ids
 from grpoplus.sync import InProcess, WeightSource, as_source, load_into, tensors
 
@@ -82,7 +82,7 @@ class VLLMEngine:
     name = "vllm"
     requires = ("vllm", INSTALL_HINT)
 
-    def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = EngineOptions()):
+    def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = DEFAULT_OPTIONS):
         require_engine(self.name)
         if options.quantization not in QUANTIZATIONS:
             raise ValueError(f"rollout engine 'vllm': quantization={options.quantization!r} is not available; "

@@ -17,6 +17,7 @@ run shows the format being learned before the arithmetic.
 from __future__ import annotations
 
 import random
+
 from grpoplus.tasks.base import TASKS, Example
 from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpoplus.algo import AlgoConfig, LossNorm, prepare_loss, policy_loss
+from grpoplus.algo import AlgoConfig, LossNorm, policy_loss, prepare_loss
 
 D = torch.float64
 AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"]

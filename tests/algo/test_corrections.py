@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpoplus.algo import AlgoConfig, prepare_loss, policy_loss
+from grpoplus.algo import AlgoConfig, policy_loss, prepare_loss
 
 D = torch.float64
 
@@ -129,16 +129,16 @@ def test_mismatch_metrics_always_measured():
     logp_old, logp_roll, log_w, adv, mask = _batch()
     _, m = policy_loss(logp_old, logp_old, adv, mask, AlgoConfig(), logp_roll=logp_roll)
     toks = [(i, t) for i in range(2) for t in range(3) if mask[i, t]]
-    l = [-log_w[i, t].item() for i, t in toks]  # logp_roll - logp_old
+    k1 = [-log_w[i, t].item() for i, t in toks]  # logp_roll - logp_old
     p = [abs(math.exp(logp_old[i, t].item()) - math.exp(logp_roll[i, t].item())) for i, t in toks]
-    assert m["mismatch/k1"] == pytest.approx(sum(l) / 5)
-    assert m["mismatch/k2"] == pytest.approx(sum(x * x / 2 for x in l) / 5)
-    assert m["mismatch/k3"] == pytest.approx(sum(math.exp(-x) - 1 + x for x in l) / 5)
+    assert m["mismatch/k1"] == pytest.approx(sum(k1) / 5)
+    assert m["mismatch/k2"] == pytest.approx(sum(x * x / 2 for x in k1) / 5)
+    assert m["mismatch/k3"] == pytest.approx(sum(math.exp(-x) - 1 + x for x in k1) / 5)
     assert m["mismatch/abs_p_diff_mean"] == pytest.approx(sum(p) / 5)
     assert m["mismatch/abs_p_diff_max"] == pytest.approx(max(p))
     assert m["mismatch/is_weight_max"] == pytest.approx(math.e)
     assert m["mismatch/is_weight_min"] == pytest.approx(math.exp(-2.0))
-    assert m["mismatch/is_weight_mean"] == pytest.approx(sum(math.exp(-x) for x in l) / 5)
+    assert m["mismatch/is_weight_mean"] == pytest.approx(sum(math.exp(-x) for x in k1) / 5)
 
 
 def test_corrections_without_logp_roll_fail_clearly():

@@ -7,10 +7,10 @@ from grpoplus.algo import (
     AlgoConfig,
     compute_advantages,
     dynamic_sampling_keep,
-    prepare_loss,
     gfpo_select,
     high_entropy_mask,
     overlong_filter_mask,
+    prepare_loss,
     soft_overlong_penalty,
     zero_variance_groups,
 )

@@ -15,12 +15,12 @@ def test_estimator_values_match_formulas():
     ref = torch.tensor([[-1.0, -1.5, -1.0]], dtype=D)
     old = torch.tensor([[-0.7, -2.2, -0.9]], dtype=D)
     for t in range(3):
-        l = logp[0, t].item() - ref[0, t].item()
+        x = logp[0, t].item() - ref[0, t].item()
         r = math.exp(logp[0, t].item() - old[0, t].item())
-        assert KL_ESTIMATORS.get("k1")(logp, ref, old)[0, t].item() == pytest.approx(l)
-        assert KL_ESTIMATORS.get("k2")(logp, ref, old)[0, t].item() == pytest.approx(l * l / 2)
-        assert KL_ESTIMATORS.get("k3")(logp, ref, old)[0, t].item() == pytest.approx(math.exp(-l) - 1 + l)
-        assert KL_ESTIMATORS.get("k3_is")(logp, ref, old)[0, t].item() == pytest.approx(r * (math.exp(-l) - 1 + l))
+        assert KL_ESTIMATORS.get("k1")(logp, ref, old)[0, t].item() == pytest.approx(x)
+        assert KL_ESTIMATORS.get("k2")(logp, ref, old)[0, t].item() == pytest.approx(x * x / 2)
+        assert KL_ESTIMATORS.get("k3")(logp, ref, old)[0, t].item() == pytest.approx(math.exp(-x) - 1 + x)
+        assert KL_ESTIMATORS.get("k3_is")(logp, ref, old)[0, t].item() == pytest.approx(r * (math.exp(-x) - 1 + x))
 
 
 def test_k3_is_equals_k3_on_policy():

@@ -129,7 +129,6 @@ def test_gspo_token_uses_per_token_advantage():
 
 
 def test_gmpo_sign_dependent_log_space_clip():
-    eps = 0.4
     d = torch.tensor([[0.6, -0.6, 0.1], [0.6, -0.6, 0.1]], dtype=D)
     logp_old = torch.full((2, 3), -2.0, dtype=D)
     logp = logp_old + d

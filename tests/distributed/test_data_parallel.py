@@ -3,9 +3,8 @@ aggregation, without and with corrections and KL; LossNorm.all_reduce sums the s
 that dies or stops answering is a one-line error naming the rank, within the time limit."""
 
 import pytest
-import torch
-
 import ranks
+import torch
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ import math
 import pytest
 
 from grpoplus.lab import Check, Comparison, Measure, Rule, judge
-from grpoplus.lab.verdict import (INCONCLUSIVE, NO_FAILURE, NOT_REPRODUCED, REGIME_NOT_MET, REPRODUCED, SWITCH_INACTIVE,
-                                  apply_rule)
+from grpoplus.lab.verdict import INCONCLUSIVE, NO_FAILURE, NOT_REPRODUCED, REGIME_NOT_MET, REPRODUCED, SWITCH_INACTIVE, apply_rule
 
 ENTROPY = Measure("tail_mean", "entropy", {"key": "entropy", "frac": 1.0})
 CLIP = Measure("tail_mean", "clip", {"key": "clip", "frac": 1.0})

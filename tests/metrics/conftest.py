@@ -146,7 +146,7 @@ def noisy_reward_trace() -> list[dict]:
 def nonfinite_trace(bad_steps: tuple[int, ...] = (30, 41, 52)) -> list[dict]:
     """Updates skipped for a NaN loss / inf gradient at ``bad_steps``."""
     records = healthy_trace()
-    for i, r in enumerate(records):
+    for r in records:
         if r["step"] in bad_steps:
             r["loss/total"] = float("nan")
             r["optim/grad_norm"] = float("inf")

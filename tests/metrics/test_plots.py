@@ -21,8 +21,8 @@ def _lines(fig):
     from matplotlib.colors import to_hex
 
     ax = fig.axes[0]
-    return [(to_hex(l.get_color()), l.get_linestyle(), l.get_marker()) for l in ax.get_lines()
-            if len(l.get_xdata())]
+    return [(to_hex(ln.get_color()), ln.get_linestyle(), ln.get_marker()) for ln in ax.get_lines()
+            if len(ln.get_xdata())]
 
 
 def test_metric_styles_never_repeat_up_to_the_limit():

@@ -8,7 +8,7 @@ import torch
 
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.models.lora import add_lora, adapters_off, compute_module, merge_into, plain_model
+from grpoplus.models.lora import adapters_off, add_lora, compute_module, merge_into, plain_model
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout import HFEngine, SamplingParams

@@ -8,14 +8,21 @@ from transformers import MixtralConfig, MixtralForCausalLM
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.models.moe import tiny_moe_model
 from grpoplus.models.routing import (
-    NATURAL, expert_load, moe_routers, pad_routing, record_routing, replay_routing, rollout_routing,
-    routing_metrics, routing_mismatch, routing_spec,
+    NATURAL,
+    expert_load,
+    moe_routers,
+    pad_routing,
+    record_routing,
+    replay_routing,
+    rollout_routing,
+    routing_metrics,
+    routing_mismatch,
+    routing_spec,
 )
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.base import SamplingParams
 from grpoplus.rollout.hf import decode
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -151,7 +158,7 @@ def test_replayed_gate_weights_are_the_softmax_restricted_to_the_replayed_expert
         forced = complement(routing)
         seen = []
         experts = model.model.layers[0].mlp.experts
-        handle = experts.register_forward_hook(lambda m, args, out: seen.append((args[1], args[2])))
+        handle = experts.register_forward_hook(lambda m, args, out: seen.append((args[1], args[2])))  # noqa: B023
         with torch.no_grad(), replay_routing(model, forced):
             router_logits = model(**inputs, output_router_logits=True).router_logits[0]  # [B*S, 4]
         handle.remove()

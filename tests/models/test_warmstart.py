@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 import grpoplus.models.warmstart as warmstart
-from grpoplus.models.warmstart import REQUIRED_FILES, build_warmstart, encode_sft, warmstart_dir, warmstart_recipe
 from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.models.warmstart import REQUIRED_FILES, build_warmstart, encode_sft, warmstart_dir, warmstart_recipe
 
 QUICK = dict(size="nano", steps=3, batch_size=4)
 

@@ -7,7 +7,6 @@ from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
 
-
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Every test of this directory on one thread."""

@@ -12,7 +12,8 @@ def test_reward_metrics_of_all_sampling_rounds_count():
     # a fraction averages, (0.25 + 0.75) / 2 = 0.5.
     rounds = [{"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/math/none_frac": 0.25},
               {"reward/errors": 1.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.75}]
-    assert reduce_metrics((r, 32.0) for r in rounds) == {"reward/errors": 3.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.5}
+    assert reduce_metrics((r, 32.0) for r in rounds) == {"reward/errors": 3.0, "reward/timeouts": 3.0,
+                                                         "reward/math/none_frac": 0.5}
 
 
 def test_reward_fields_and_verdict():

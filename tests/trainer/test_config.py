@@ -61,7 +61,7 @@ def test_help_config_shows_the_chosen_preset_and_overrides_with_meanings():
     assert "  eps_low = 0.5" in text  # the override, not the preset's 1.0
     assert "  num_minibatches = 4" in text
     for key in AlgoConfig.field_names():  # every algo key is printed with a meaning under it
-        line = next(i for i, l in enumerate(text.splitlines()) if l.startswith(f"  {key} = "))
+        line = next(i for i, row in enumerate(text.splitlines()) if row.startswith(f"  {key} = "))
         assert text.splitlines()[line + 1].startswith("      "), key
 
 
