@@ -190,7 +190,11 @@ class LearnerConfig:
     strategy: str = "replicate"
     """How the learner ranks hold the model: replicate (every rank the whole model and optimizer) | fsdp2
     (parameters, gradients and AdamW state sharded over the ranks with torch's FSDP2, each decoder layer
-    gathered just before it runs: per-rank memory of about 1/data_parallel; cluster=local, full fine-tuning)."""
+    gathered just before it runs: per-rank memory of about 1/data_parallel; full fine-tuning)."""
+    cpu_offload: bool = False
+    """learner.strategy=fsdp2 on GPUs: keep each rank's parameter, gradient and AdamW shards in CPU memory, copied
+    to the GPU layer by layer for each forward and backward, the optimizer stepping on the CPU (FSDP2's
+    CPUOffloadPolicy): less GPU memory for more host-device traffic."""
     collective_timeout_s: float = 300.0
     """Longest a learner rank waits for the others (joining, the gradient all-reduce, an update's
     payload) before the run stops with an error naming the rank."""
@@ -532,6 +536,12 @@ def _check_scale(cfg: Config) -> None:
                          f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
                          f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
                          f"{max(1, rows // lrn.data_parallel)} or fewer")
+    if lrn.cpu_offload and not (lrn.strategy == "fsdp2" and lrn.data_parallel > 1):
+        raise ValueError("learner.cpu_offload keeps a sharded learner's shards in CPU memory: it needs "
+                         "learner.strategy=fsdp2 and learner.data_parallel > 1")
+    if lrn.cpu_offload and not lrn.device.startswith("cuda"):
+        raise ValueError(f"learner.cpu_offload moves the shards off the GPU, but learner.device={lrn.device} keeps "
+                         "them in CPU memory already: drop learner.cpu_offload")
     if lrn.strategy == "fsdp2" and lrn.data_parallel > 1:
         _check_sharded(cfg)
     if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node

@@ -29,7 +29,7 @@ def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Mo
     ref_model = lower_frozen_linears(copy.deepcopy(model).eval().requires_grad_(False), cfg.learner.precision) \
         if copied else None
     if is_sharded(cfg):
-        shard(model, cfg.learner.precision)
+        shard(model, cfg.learner.precision, offload=cfg.learner.cpu_offload)
     optimizer, scheduler = build_optimizer(cfg, model)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror)
 

@@ -39,7 +39,14 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
 from grpoplus.learner.precision import COMPUTE_DTYPES
@@ -53,16 +60,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(model: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """Shard ``model`` in place over the default process group (every rank calls this with the same weights)."""
+def shard(model: torch.nn.Module, precision: str, offload: bool = False) -> torch.nn.Module:
+    """Shard ``model`` in place over the default process group (every rank calls this with the same weights);
+    ``offload``: the shards live in CPU memory and each layer is copied to the GPU to run (learner.cpu_offload)."""
     device = next(model.parameters()).device
     if device.type == "cuda":  # FSDP2's default mesh and NCCL streams live on the current device
         torch.cuda.set_device(device)
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32) \
         if precision != "fp32" else MixedPrecisionPolicy()
+    placement = CPUOffloadPolicy() if offload else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(layer, mp_policy=policy, offload_policy=placement)
+    fully_shard(model, mp_policy=policy, offload_policy=placement)
     setattr(model, LEARNER_FORWARD, types.MethodType(lambda self, *args, **kwargs: logprobs_of(self, *args, **kwargs),
                                                      model))
     register_fsdp_forward_method(model, LEARNER_FORWARD)

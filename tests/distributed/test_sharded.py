@@ -100,6 +100,7 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
     ("routing_replay=r2", "routing_replay=r2 yet: set routing_replay=off"),
     ("ref_reset_every=5 beta=0.01", "ref_reset_every yet: set ref_reset_every=0"),
     ("strategy=zero3", "replicate, fsdp2"),
+    ("cpu_offload=true", "learner.device=cpu keeps them in CPU memory already: drop learner.cpu_offload"),
 ])
 def test_what_a_sharded_learner_does_not_run_is_refused_in_one_line(override, message):
     with pytest.raises(ValueError, match=message):
@@ -120,3 +121,8 @@ def test_sharded_bf16_mixed_trains_close_to_one_process_bf16(nano_dir, tmp_path)
     gap = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     assert 0 < gap < 2e-3, gap
     assert read_metrics(two)[-1]["mismatch/abs_p_diff_max"] > 0
+
+
+def test_cpu_offload_needs_a_sharded_learner():
+    with pytest.raises(ValueError, match="needs learner.strategy=fsdp2 and learner.data_parallel > 1"):
+        build_config(overrides=["cpu_offload=true"])
