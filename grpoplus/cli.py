@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: the last complete checkpoint and metrics.jsonl are kept; "
               "continue with `grpoplus train --resume RUN`", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`grpoplus presets | head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
 
 
 if __name__ == "__main__":

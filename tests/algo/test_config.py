@@ -207,3 +207,14 @@ def test_every_preset_says_what_it_sets_and_whose_recipe_it_is(capsys):
     assert describe("dapo") == ("dapo: adv_estimator=grpo, loss=clip, eps_low=0.2, eps_high=0.28, aggregation=token_mean, "
                                 "dynamic_sampling=True, overlong_shaping=True, beta=0.0, num_minibatches=4 "
                                 "(DAPO: Yu et al. 2025, arXiv:2503.14476)")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "grpoplus", "presets"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `grpoplus presets | head -1` does once it has its line
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == b"", err.decode()[-500:]
