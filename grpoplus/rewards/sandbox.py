@@ -33,8 +33,8 @@ _uid_counter = itertools.count()
 
 _LAUNCHER = r"""
 import ctypes, os, resource, sys
-status_fd, uid, cpu_s, mem_b, fsize_b, nproc, nofile = (int(a) for a in sys.argv[1:8])
-interpreter, script = sys.argv[8:10]
+status_fd, uid, cpu_s, mem_b, fsize_b, nproc, nofile, hide = (int(a) for a in sys.argv[1:9])
+interpreter, script, root, shown = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12].split(":")
 def limit(kind, value):
     resource.setrlimit(kind, (value, value))
 limit(resource.RLIMIT_CPU, cpu_s)
@@ -42,10 +42,49 @@ limit(resource.RLIMIT_FSIZE, fsize_b)
 limit(resource.RLIMIT_NOFILE, nofile)
 limit(resource.RLIMIT_CORE, 0)
 libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+def mount(src, dst, fstype, flags, data=None):
+    if libc.mount(src and src.encode(), dst.encode(), fstype and fstype.encode(), flags, data and data.encode()):
+        raise OSError(ctypes.get_errno(), "mount " + dst)
+def expose(path, writable):
+    dst = root + path
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.symlink(os.readlink(path), dst)
+        return
+    if os.path.isdir(path):
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "a").close()
+    mount(path, dst, None, MS_BIND | MS_REC)
+    if not writable:
+        mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+def hide_host():
+    # a root of its own: the interpreter's files read-only, the work directory writable, nothing else
+    if libc.unshare(CLONE_NEWNS):
+        return "unshare(CLONE_NEWNS): " + os.strerror(ctypes.get_errno())
+    try:
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        for path in shown:
+            if os.path.lexists(path):
+                expose(path, writable=False)
+        expose(os.getcwd(), writable=True)
+        work = os.getcwd()
+        os.chroot(root)
+        os.chdir(work)
+    except OSError as err:
+        return (err.filename or "") + " " + os.strerror(err.errno or 0)
+    return ""
 net = libc.unshare(CLONE_NEWNET) == 0
 if not net and uid < 0:  # unprivileged: a user namespace grants the right to a net namespace
     net = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
+refused = hide_host() if hide else ""
+if refused:  # never run the code with the host's files in view when they should be hidden
+    os.write(status_fd, b"refused=" + refused.encode() + b"\n")
+    sys.exit(125)
 if uid >= 0:
     os.setgroups([])
     os.setgid(uid)
@@ -53,7 +92,7 @@ if uid >= 0:
 libc.prctl(1, 9)  # PR_SET_PDEATHSIG=SIGKILL (after setuid, which clears it): dies with its caller
 limit(resource.RLIMIT_NPROC, nproc)
 limit(resource.RLIMIT_AS, mem_b)
-os.write(status_fd, b"net=%d user=%d\n" % (net, uid >= 0))
+os.write(status_fd, b"net=%d user=%d files=%d\n" % (net, uid >= 0, hide))
 os.close(status_fd)
 os.execve(interpreter, [interpreter, "-I", "-B", script], {
     "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.getcwd(), "TMPDIR": os.getcwd(),
@@ -78,6 +117,21 @@ class SandboxResult:
     wall_s: float
     network_isolated: bool
     user_isolated: bool
+    files_isolated: bool = False  # only the interpreter's files and the work directory were visible
+
+
+# What sandboxed code sees of the host when its files are hidden: the system's programs and libraries, read-only
+# (the interpreter, its standard library, the shared libraries they load), and the devices Python reads.
+SHOWN = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom",
+         "/dev/random")
+HOST_FILES_OPT_IN = "GRPOPLUS_SANDBOX_HOST_FILES"  # =1: run code rewards with the host's files in view (weaker)
+
+
+def _shown(interpreter: str) -> list[str]:
+    """SHOWN, plus the installation the interpreter lives in when it is elsewhere (e.g. /opt/conda)."""
+    prefix = os.path.dirname(os.path.dirname(interpreter))
+    inside = any(prefix == p or prefix.startswith(p + "/") for p in SHOWN)
+    return [*SHOWN, *([] if inside or prefix in ("", "/") else [prefix])]
 
 
 def _is_root() -> bool:
@@ -177,7 +231,7 @@ def run_python(
     """
     if timeout_s <= 0 or memory_mb <= 0:
         raise ValueError(f"run_python needs timeout_s > 0 and memory_mb > 0, got {timeout_s}, {memory_mb}")
-    interpreter = python or sys.executable
+    interpreter = os.path.realpath(python or sys.executable)  # a venv's link would point outside the shown files
     uid = -1
     if _is_root():
         usable = _interpreter_for_sandbox_user(interpreter)
@@ -205,10 +259,13 @@ def _run_in(workdir, private, interpreter, uid, stdin, timeout_s, cpu, memory_mb
     paths = {name: os.path.join(private, name) for name in ("stdin", "stdout", "stderr")}
     with open(paths["stdin"], "w", encoding="utf-8") as f:
         f.write(stdin)
+    root = os.path.join(private, "root")  # the hidden-files root's mount point (a tmpfs inside the namespace)
+    os.mkdir(root)
+    hide = os.environ.get(HOST_FILES_OPT_IN, "") != "1"
     status_r, status_w = os.pipe()
     args = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(status_w), str(uid), str(cpu),
-            str(memory_mb << 20), str(max_file_mb << 20), str(max_processes), str(max_open_files),
-            interpreter, os.path.join(workdir, "main.py")]
+            str(memory_mb << 20), str(max_file_mb << 20), str(max_processes), str(max_open_files), str(int(hide)),
+            os.path.realpath(interpreter), os.path.join(workdir, "main.py"), root, ":".join(_shown(interpreter))]
     start = time.monotonic()
     with open(paths["stdin"], "rb") as fin, open(paths["stdout"], "wb") as fout, open(paths["stderr"], "wb") as ferr:
         proc = subprocess.Popen(args, stdin=fin, stdout=fout, stderr=ferr, cwd=workdir,
@@ -226,13 +283,17 @@ def _run_in(workdir, private, interpreter, uid, stdin, timeout_s, cpu, memory_mb
         report = f.read().decode()
     stdout = _read_capped(paths["stdout"], max_output_bytes)
     stderr = _read_capped(paths["stderr"], max_output_bytes)
-    if not report:
+    if not report or report.startswith("refused="):
         count_event("sandbox/sandbox_error")
+        if report:  # the host's files could not be hidden: the code did not run
+            stderr = (f"the code sandbox could not hide the host's files ({report[len('refused='):].strip()}); run "
+                      "where mount namespaces are allowed (root, or unprivileged user namespaces), or set "
+                      f"{HOST_FILES_OPT_IN}=1 to run code rewards with the host's files in view")
         return SandboxResult("sandbox_error", stdout, stderr, proc.returncode, wall, False, False)
     status = _classify(proc.returncode, timed_out, stderr)
     count_event(f"sandbox/{status}")
-    return SandboxResult(status, stdout, stderr, proc.returncode, wall,
-                         network_isolated="net=1" in report, user_isolated="user=1" in report)
+    return SandboxResult(status, stdout, stderr, proc.returncode, wall, network_isolated="net=1" in report,
+                         user_isolated="user=1" in report, files_isolated="files=1" in report)
 
 
 def _kill_everything(proc: subprocess.Popen, uid: int) -> None:

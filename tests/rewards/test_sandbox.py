@@ -69,10 +69,57 @@ def test_write_outside_the_work_directory_fails():
     os.chmod(target_dir, 0o755)  # owned by root, writable by root only
     target = os.path.join(target_dir, "pwned.txt")
     result = run_python(f"open({target!r}, 'w').write('x')", timeout_s=5)
-    assert result.user_isolated
-    assert result.status == "error" and "PermissionError" in result.stderr
+    assert result.user_isolated and result.files_isolated
+    assert result.status == "error" and "FileNotFoundError" in result.stderr  # the directory is not even in view
     assert not os.path.exists(target)
+    result = run_python("open('/usr/pwned.txt', 'w').write('x')", timeout_s=5)  # the system's files: read-only
+    assert result.status == "error" and "Read-only file system" in result.stderr
+    assert not os.path.exists("/usr/pwned.txt")
     os.rmdir(target_dir)
+
+
+def _secret() -> tuple[str, str]:
+    """A world-readable file in an ordinary directory (a data set's answers, a task's hidden tests)."""
+    folder = tempfile.mkdtemp(prefix="hidden-tests-")
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, "answers.txt")
+    with open(path, "w") as f:
+        f.write("42")
+    os.chmod(path, 0o644)
+    return folder, path
+
+
+def test_the_hosts_files_are_out_of_sight():
+    folder, path = _secret()
+    code = (f"import os\nprint(sorted(os.listdir('/')))\n"
+            f"for attempt in (lambda: open({path!r}).read(), lambda: os.listdir({folder!r}),\n"
+            f"                lambda: os.listdir('/root'), lambda: os.listdir('/home'), lambda: open('/etc/passwd').read()):\n"
+            f"    try:\n        print('LEAK', attempt())\n    except OSError as err:\n        print(type(err).__name__)\n")
+    result = run_python(code, timeout_s=10)
+    assert result.status == "ok" and result.files_isolated, result.stderr
+    top, *attempts = result.stdout.splitlines()
+    assert set(eval(top)) <= {"usr", "lib", "lib64", "lib32", "bin", "etc", "dev", "tmp"}  # tmp: the work directory's
+    assert attempts == ["FileNotFoundError"] * 5 and "42" not in result.stdout
+
+
+def test_seeing_the_hosts_files_is_an_explicit_opt_in(monkeypatch):
+    folder, path = _secret()
+    monkeypatch.setenv("GRPOPLUS_SANDBOX_HOST_FILES", "1")
+    result = run_python(f"print(open({path!r}).read())", timeout_s=10)
+    assert result.status == "ok" and result.stdout == "42\n" and not result.files_isolated
+
+
+def test_a_host_that_cannot_hide_its_files_runs_no_code_and_says_so_in_one_line(monkeypatch, tmp_path):
+    import grpoplus.rewards.sandbox as sandbox
+
+    marker = tmp_path / "ran"
+    refusing = ("import os, sys\nos.write(int(sys.argv[1]), b'refused=unshare(CLONE_NEWNS): Operation not permitted\\n')\n"
+                "sys.exit(125)\n")
+    monkeypatch.setattr(sandbox, "_LAUNCHER", refusing)  # what the launcher reports where mount namespaces are refused
+    result = run_python(f"open({str(marker)!r}, 'w')", timeout_s=5)
+    assert result.status == "sandbox_error" and not marker.exists()
+    assert "\n" not in result.stderr and "could not hide the host's files (unshare(CLONE_NEWNS): Operation not " \
+        "permitted)" in result.stderr and "GRPOPLUS_SANDBOX_HOST_FILES=1" in result.stderr
 
 
 def test_no_network_even_to_a_local_server():
