@@ -454,14 +454,23 @@ def _compose(cfg: Config, given: set[str]) -> None:
               f"{r.prompts_per_step}: a mini-batch needs a whole group, and rollout.prompts_per_step="
               f"{r.prompts_per_step}")
         cfg.algo = dataclasses.replace(algo, num_minibatches=r.prompts_per_step)
-    rows = r.prompts_per_step * r.group_size // cfg.algo.num_minibatches
-    if "learner.micro_batch_size" not in given and not lrn.micro_batch_tokens and \
-            -(-rows // lrn.micro_batch_size) < lrn.data_parallel:
-        size = max(1, rows // lrn.data_parallel)
+    rows, fitting = _rank_micro_batches(cfg)
+    if "learner.micro_batch_size" not in given and fitting is not None:
+        size = fitting
         _note(f"learner.micro_batch_size lowered from {lrn.micro_batch_size} to {size}: each of "
               f"learner.data_parallel={lrn.data_parallel} ranks takes whole micro-batches of a {rows}-response "
               "mini-batch")
         lrn.micro_batch_size = size
+
+
+def _rank_micro_batches(cfg: Config) -> tuple[int, int | None]:
+    """(responses per mini-batch, the largest micro_batch_size that gives every learner rank a micro-batch when
+    the configured one does not, else None); a token budget's count varies per batch, so it is not judged."""
+    lrn = cfg.learner
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.num_minibatches
+    if lrn.micro_batch_tokens or -(-rows // lrn.micro_batch_size) >= lrn.data_parallel:
+        return rows, None
+    return rows, max(1, rows // lrn.data_parallel)
 
 
 def _note(text: str) -> None:
@@ -530,12 +539,12 @@ def _check_scale(cfg: Config) -> None:
         raise ValueError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
     if cfg.run.cluster == "ray":
         require_package("ray", "cluster=ray")
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.num_minibatches
-    if not lrn.micro_batch_tokens and -(-rows // lrn.micro_batch_size) < lrn.data_parallel:  # a token budget's count varies
+    rows, fitting = _rank_micro_batches(cfg)
+    if fitting is not None:
         raise ValueError(f"learner.data_parallel={lrn.data_parallel} ranks take whole micro-batches, but a mini-batch "
                          f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
                          f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
-                         f"{max(1, rows // lrn.data_parallel)} or fewer")
+                         f"{fitting} or fewer")
     if lrn.cpu_offload and not (lrn.strategy == "fsdp2" and lrn.data_parallel > 1):
         raise ValueError("learner.cpu_offload keeps a sharded learner's shards in CPU memory: it needs "
                          "learner.strategy=fsdp2 and learner.data_parallel > 1")

@@ -120,6 +120,18 @@ def load_into(module: torch.nn.Module, source: WeightSource) -> torch.nn.Module:
     return module
 
 
+def module_of(weights, own: torch.nn.Module) -> torch.nn.Module:
+    """The module holding the weights: an in-process source's own module (shared, not copied), else ``own``
+    (the module an engine was built on) loaded from the source."""
+    source = as_source(weights)
+    return source.module if isinstance(source, InProcess) else load_into(own, source)
+
+
+def cpu_state_dict(weights) -> dict[str, torch.Tensor]:
+    """The source's tensors by name on the CPU (what Ray's object store carries to the rollout workers)."""
+    return {name: t.detach().cpu() for name, t in tensors(as_source(weights))}
+
+
 def snapshot(source: WeightSource) -> StateDict:
     """A copy of the source's weights as they are now (the learner may change them afterwards)."""
     return StateDict({name: t.detach().clone() for name, t in tensors(as_source(source))})

@@ -97,14 +97,14 @@ def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collectio
     from grpoplus.distributed.ray_learner import RayLearnerGroup
     from grpoplus.distributed.ray_rollout import RayRolloutEngine
     from grpoplus.distributed.ray_scoring import RayScorer
-    from grpoplus.sync import ObjectStore
+    from grpoplus.sync import ObjectStore, cpu_state_dict
 
     r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
     cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
     gpu = lrn.device.startswith("cuda")
     cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
                          f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
-    config, weights = cfg.to_dict(), ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    config, weights = cfg.to_dict(), ray.put(cpu_state_dict(model))
     engine = RayRolloutEngine(config, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id,
                               build_rollout_worker, seed=cfg.run.seed, gpu=gpu, max_restarts=rc.max_restarts,
                               timeout_s=r.engine_timeout_s, start_timeout_s=rc.timeout_s,

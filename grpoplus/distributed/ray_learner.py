@@ -21,7 +21,7 @@ from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
 from grpoplus.distributed.learner import Learner, RankBuilders, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
-from grpoplus.sync import Collective, ObjectStore, tensors
+from grpoplus.sync import Collective, ObjectStore, cpu_state_dict
 
 
 @ray.remote
@@ -65,7 +65,7 @@ class LearnerRank:
         self.weights_out.broadcast(self.learner.weights().module)
 
     def weights(self) -> dict:
-        return {name: t.cpu() for name, t in tensors(self.learner.weights())}
+        return cpu_state_dict(self.learner.weights())
 
     def save(self, run_dir: str, step: int, tokenizer, state: dict, keep: int) -> str:
         return str(self.learner.save(Path(run_dir), step, tokenizer, state, keep))

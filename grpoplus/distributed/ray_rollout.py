@@ -32,7 +32,7 @@ from grpoplus.distributed.group import first_line
 from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
 from grpoplus.distributed.weight_sync import WeightGroup, cannot_restart
 from grpoplus.models.memory import give_back_freed_memory
-from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_source, tensors
+from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_source, cpu_state_dict
 
 
 @ray.remote
@@ -76,8 +76,7 @@ class RayRolloutEngine:
     """
 
     def __init__(self, config: dict, weights: ObjectStore, workers: int, engine: str, pad_id: int, build, *,
-                 seed: int,
-                 gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
+                 seed: int, gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
         self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
         self.timeout_s, self.start_timeout_s, self.collective = timeout_s, start_timeout_s, collective
         self.max_restarts = 0 if collective else max_restarts  # a restarted worker cannot rejoin the broadcast group
@@ -115,7 +114,7 @@ class RayRolloutEngine:
                 source.broadcast.push(version)
             return
         if not isinstance(source, ObjectStore):
-            source = ObjectStore(ray.put({name: t.cpu() for name, t in tensors(source)}))
+            source = ObjectStore(ray.put(cpu_state_dict(source)))
         self._weights = (source.ref, version)
         for actor in self.actors:
             actor.sync.remote(source.ref, version)  # runs before the worker's next request (actor call order)

@@ -24,7 +24,7 @@ from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
-from grpoplus.sync import InProcess, WeightSource, as_source, load_into
+from grpoplus.sync import WeightSource, module_of
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -195,8 +195,7 @@ class HFEngine:
         """Load the learner's weights (any :mod:`grpoplus.sync` source): share a module in this process itself,
         or make a new low-precision copy of it; other sources are copied into the module the engine was built
         on. A LoRA policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W)."""
-        source = as_source(weights)
-        self.model = self._sampler(source.module if isinstance(source, InProcess) else load_into(self.base, source))
+        self.model = self._sampler(module_of(weights, self.base))
         self.version = version
 
     def _sampler(self, model: torch.nn.Module) -> torch.nn.Module:

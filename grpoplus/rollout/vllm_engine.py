@@ -29,7 +29,7 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, plain_model, save_adapters
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineError, EngineOptions, check_request, require_engine
 from grpoplus.rollout.hf import pad_right, stop_token_ids
-from grpoplus.sync import InProcess, WeightSource, as_source, load_into, tensors
+from grpoplus.sync import WeightSource, as_source, module_of, tensors
 
 QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
 """grpoplus name -> vLLM ``quantization`` (on-the-fly quantization of the loaded weights; vLLM runs
@@ -195,7 +195,7 @@ class VLLMEngine:
         if self.sleep_between_steps:
             self.llm.wake_up()
         if self.lora_rank:
-            self._load_adapters(source.module if isinstance(source, InProcess) else load_into(self.base, source))
+            self._load_adapters(module_of(source, self.base))
         else:
             weights = list(tensors(source))
             run_with_timeout(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}),
