@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus import algo as A
-from grpoplus.containers import Collected, SamplingParams, ScoredGroups
+from grpoplus.containers import Collected, Rollouts, SamplingParams, ScoredGroups
+from grpoplus.envs.plan import EpisodePlan
 from grpoplus.metrics.step import reduce_metrics
 from grpoplus.prompts import PromptSampler
 from grpoplus.rollout.base import check_rollouts
@@ -38,12 +39,25 @@ class CollectPlan:
     group_filter: str  # "dynamic" | "zero_variance" | "none"
     max_rounds: int  # sampling rounds per step (1 unless dynamic sampling)
     pad_id: int
+    episodes: EpisodePlan | None = None  # multi-turn: each response is a trajectory played in an environment
 
     @classmethod
-    def from_algo(cls, algo: A.AlgoConfig, params: SamplingParams, prompts_per_step: int, pad_id: int):
+    def from_algo(cls, algo: A.AlgoConfig, params: SamplingParams, prompts_per_step: int, pad_id: int,
+                  episodes: EpisodePlan | None = None):
         group_filter = "dynamic" if algo.dynamic_sampling else "zero_variance" if algo.zero_variance_filter else "none"
         max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
-        return cls(params, prompts_per_step, group_filter, max_rounds, pad_id)
+        return cls(params, prompts_per_step, group_filter, max_rounds, pad_id, episodes)
+
+
+def sample(engine, examples: list, idx: list[int], params: SamplingParams, episodes: EpisodePlan | None,
+           generator: torch.Generator | None) -> tuple[Rollouts, dict[str, float]]:
+    """``params.n`` responses to each example: one engine call, or with ``episodes`` whole trajectories played in
+    their environments (with the ``env/*`` metrics)."""
+    chosen = [examples[i] for i in idx]
+    if episodes is not None:
+        return episodes.run(engine, chosen, params, idx, generator)
+    rollouts = engine.generate([ex.prompt for ex in chosen], params, prompt_index=idx, generator=generator)
+    return check_rollouts(rollouts, len(idx), params, engine.name), {}
 
 
 def collect(engine, sampler: PromptSampler, examples: list, scorer, plan: CollectPlan,
@@ -57,10 +71,11 @@ def collect(engine, sampler: PromptSampler, examples: list, scorer, plan: Collec
     while draw > 0:
         idx = sampler.next(draw)
         t0 = time.perf_counter()
-        rollouts = check_rollouts(engine.generate([examples[i].prompt for i in idx], plan.params, prompt_index=idx,
-                                                  generator=generator), len(idx), plan.params, engine.name)
+        rollouts, env_metrics = sample(engine, examples, idx, plan.params, plan.episodes, generator)
         t1 = time.perf_counter()
         scored, metrics = scorer(rollouts)
+        metrics.update(env_metrics)
+        times["time/env_s"] = times.get("time/env_s", 0.0) + metrics.pop("time/env_s", 0.0)
         times["time/rollout_s"] += t1 - t0
         times["time/reward_s"] += time.perf_counter() - t1
         drawn.append(scored)

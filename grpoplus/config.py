@@ -101,6 +101,10 @@ class DataConfig:
     """Per-call reward time limit (pool workers only)."""
     chat_template: bool = True
     """Apply the tokenizer's chat template to data-set prompts when it has one."""
+    env: str | None = None
+    """Multi-turn environment the rows are played in (one instance per rollout, made from its row): a registered
+    name (guess), `module:factory` or `file.py:factory`. None: the task's own (the guess task plays guess), else
+    single-turn."""
 
 
 @dataclass
@@ -137,6 +141,13 @@ class RolloutConfig:
     max_staleness: int = 0
     """Asynchronous rollouts: a batch sampled with policy version v may be trained on at version <= v + K
     while the next batches are sampled. 0 = the synchronous loop (sample, then train)."""
+    max_turns: int = 8
+    """Multi-turn (data.env): most policy turns per trajectory; max_new_tokens bounds each turn."""
+    max_episode_tokens: int = 0
+    """Multi-turn: most tokens after the prompt per trajectory, sampled and observed (0 = no budget but max_turns)."""
+    env_timeout_s: float = 30.0
+    """Multi-turn: longest one environment call (reset, step, close) may take; the trajectory then ends, counted in
+    env/ended/timeout."""
 
 
 @dataclass
@@ -422,6 +433,23 @@ def _algo_number(name: str, value: Any) -> Any:
     return value
 
 
+def env_of(data: DataConfig) -> str | None:
+    """The environment a run's rows are played in: ``data.env``, else a built-in task's own; None: single-turn."""
+    if data.env is not None or data.data is not None:
+        return data.env
+    from grpoplus.tasks import TASKS
+
+    return getattr(TASKS.get(data.task), "env", None) if data.task in TASKS else None
+
+
+def response_budget(data: DataConfig, rollout: RolloutConfig) -> int:
+    """L_max, the longest response (algo.max_len: overlong shaping, constant normalisers): max_new_tokens, or for a
+    multi-turn trajectory the tokens it may take in all (its budget, else max_turns x max_new_tokens)."""
+    if env_of(data) is None:
+        return rollout.max_new_tokens
+    return rollout.max_episode_tokens or rollout.max_turns * rollout.max_new_tokens
+
+
 def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     sections = {}
     for section, cls in SECTIONS.items():
@@ -436,7 +464,7 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
                 raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
         sections[section] = cls(**kwargs)
     algo_values = {name: _algo_number(name, v) for name, v in values["algo"].items()}
-    algo_values["max_len"] = sections["rollout"].max_new_tokens  # one length (_one_length)
+    algo_values["max_len"] = response_budget(sections["data"], sections["rollout"])  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)
     _compose(cfg, given={f"{section}.{name}" for section, items in values.items() for name in items})
@@ -521,6 +549,19 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
     _check_scale(cfg)
+    _check_env(cfg)
+
+
+def _check_env(cfg: Config) -> None:
+    """The multi-turn limits, and an environment that exists (named before anything loads)."""
+    r = cfg.rollout
+    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0:
+        raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
+                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s})")
+    if cfg.data.env is not None:
+        from grpoplus.envs.base import env_factory
+
+        env_factory(cfg.data.env)
 
 
 def _check_scale(cfg: Config) -> None:

@@ -49,6 +49,17 @@ class Rollouts:
     # multi-turn trajectory: in response_mask, so attended to, but with no loss, no logp_roll (0) and no entropy);
     # None: every response token was sampled (single turn)
     model_mask: torch.Tensor | None = None
+    # multi-turn trajectories (grpoplus.envs): per row, the environment's reward of each turn (None: it gave none)
+    # and the response index of each turn's last sampled token (the process estimator's step ends); None: one turn
+    turn_rewards: list[list[float | None]] | None = None
+    turn_ends: list[list[int]] | None = None
+
+    @property
+    def env_returns(self) -> torch.Tensor | None:  # [N] float32
+        """The environment's return of each trajectory (the sum of its turn rewards); None for single-turn rows."""
+        if self.turn_rewards is None:
+            return None
+        return torch.tensor([sum(r for r in turn if r is not None) for turn in self.turn_rewards], dtype=torch.float32)
 
     @property
     def lengths(self) -> torch.Tensor:  # [N] long
@@ -71,7 +82,8 @@ class Rollouts:
             logp_roll=self.logp_roll[rows], finished=self.finished[rows], group_ids=new_groups,
             texts=[self.texts[i] for i in rows.tolist()], prompt_index=[self.prompt_index[g] for g in uniq.tolist()],
             policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows],
-            model_mask=None if self.model_mask is None else self.model_mask[rows])
+            model_mask=None if self.model_mask is None else self.model_mask[rows],
+            turn_rewards=_pick(self.turn_rewards, rows), turn_ends=_pick(self.turn_ends, rows))
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
@@ -97,7 +109,18 @@ class Rollouts:
             routing=_concat_routing(parts, width_p, width_t),
             model_mask=None if all(p.model_mask is None for p in parts) else
             torch.cat([_pad(p.sampled_mask, width_t, 0.0) for p in parts]),
+            turn_rewards=_joined(parts, "turn_rewards"), turn_ends=_joined(parts, "turn_ends"),
         )
+
+
+def _pick(values: list | None, rows: torch.Tensor) -> list | None:
+    return None if values is None else [values[i] for i in rows.tolist()]
+
+
+def _joined(parts: list[Rollouts], name: str) -> list | None:
+    """A per-row list field of every part, concatenated (None unless every part has it)."""
+    values = [getattr(p, name) for p in parts]
+    return None if any(v is None for v in values) else [x for v in values for x in v]
 
 
 def _pad(x: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:

@@ -6,28 +6,30 @@ import time
 
 import torch
 
+from grpoplus.collect import sample
 from grpoplus.containers import SamplingParams
-from grpoplus.rollout.base import check_rollouts
 from grpoplus.tasks.base import is_correct, reward_fields
 
 
 @torch.no_grad()
 def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: float, top_p: float,
-             samples: int, seed: int) -> dict[str, float]:
+             samples: int, seed: int, episodes=None) -> dict[str, float]:
     """Greedy pass@1 (``eval/accuracy``), and with ``samples = k > 0`` the sampled pass@1
-    (``eval/accuracy_sampled``, mean over all k samples) and pass@k."""
+    (``eval/accuracy_sampled``, mean over all k samples) and pass@k. With ``episodes`` (a multi-turn
+    :class:`~grpoplus.envs.plan.EpisodePlan`) every response is a game played to its end, and
+    ``eval/turns_mean`` is the greedy games' mean number of turns."""
     t0 = time.perf_counter()
-    prompts = [ex.prompt for ex in examples]
     index = list(range(len(examples)))
     params = SamplingParams(n=1, max_new_tokens=max_new_tokens, greedy=True)
-    greedy = check_rollouts(engine.generate(prompts, params, prompt_index=index), len(prompts), params, engine.name)
+    greedy, env_metrics = sample(engine, examples, index, params, episodes, None)
     correct = _correct(task, greedy.texts, examples)
     out = {"eval/accuracy": float(correct.mean()), "eval/length_mean": float(greedy.lengths.float().mean())}
+    if episodes is not None:
+        out["eval/turns_mean"] = env_metrics["env/turns_mean"]
     if samples > 0:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        sampled = check_rollouts(engine.generate(prompts, params, prompt_index=index, generator=gen), len(prompts),
-                                 params, engine.name)
+        sampled, _ = sample(engine, examples, index, params, episodes, gen)
         hits = _correct(task, sampled.texts, [examples[g] for g in sampled.group_ids.tolist()])
         hits = hits.view(len(examples), samples)
         out["eval/accuracy_sampled"] = float(hits.float().mean())

@@ -13,6 +13,9 @@ decorator, in their own module, without editing the library::
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pathlib
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -68,9 +71,6 @@ def import_object(spec: str) -> object:
     module_name, _, attr = spec.rpartition(":")
     try:
         if module_name.endswith(".py"):
-            import importlib.util
-            import pathlib
-
             path = pathlib.Path(module_name)
             if not path.is_file():
                 raise ValueError(f"{spec!r}: file {module_name!r} does not exist")

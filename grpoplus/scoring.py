@@ -17,7 +17,8 @@ from grpoplus.tasks.base import is_correct, reward_fields
 
 @dataclass
 class Scorer:
-    """Scores rollouts of ``examples`` with ``pipeline``; ``correct_key`` names the verifier component."""
+    """Scores rollouts of ``examples`` with ``pipeline``; ``correct_key`` names the verifier component. A multi-turn
+    trajectory's reward adds its environment's return (component ``env``)."""
 
     pipeline: object  # grpoplus.rewards.RewardPipeline
     examples: list
@@ -31,7 +32,13 @@ class Scorer:
         result = self.pipeline([ex.prompt for ex in per_row], rollouts.texts, fields)
         correct = torch.tensor([is_correct(c) for c in result.components[self.correct_key]], dtype=torch.bool)
         rewards = torch.tensor(result.total, dtype=torch.float32)
-        return ScoredGroups(rollouts, rewards, correct, result.components), result.metrics
+        components, metrics = result.components, result.metrics
+        returns = rollouts.env_returns
+        if returns is not None:  # R_i = the environment's return + the pipeline's rewards (ALGORITHMS.md section 12)
+            rewards = rewards + returns
+            components = dict(components, env=returns.tolist())
+            metrics = dict(metrics, **{"reward/mean": float(rewards.mean())})
+        return ScoredGroups(rollouts, rewards, correct, components), metrics
 
     def close(self) -> None:
         self.pipeline.close()

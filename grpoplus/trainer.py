@@ -62,7 +62,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
 def run_eval(cfg: Config, c: Components, step: int) -> dict:
     return evaluate(c.engine, c.task, c.test, max_new_tokens=cfg.rollout.max_new_tokens,
                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                    samples=cfg.rollout.eval_samples, seed=cfg.run.seed * 7919 + step)
+                    samples=cfg.rollout.eval_samples, seed=cfg.run.seed * 7919 + step, episodes=c.collect_plan.episodes)
 
 
 def trainer_state(c: Components, step: int, counters: dict) -> dict:

@@ -69,7 +69,7 @@ def build(cfg: Config) -> Components:
     check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
     replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
-    collection = Collection(train, build_collect_plan(cfg, tokenizer), PromptSampler(len(train), cfg.run.seed),
+    collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
                             torch.Generator().manual_seed(cfg.run.seed))
     if cfg.run.cluster == "ray":
         roles = place_on_ray(cfg, task, model, tokenizer, collection)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus.collect import CollectPlan, collect
-from grpoplus.config import Config, build_config
+from grpoplus.config import Config, build_config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.prompts import PromptSampler
@@ -31,10 +31,32 @@ def build_process(cfg: Config) -> None:
         torch.set_num_threads(cfg.run.threads)
 
 
-def build_collect_plan(cfg: Config, tokenizer) -> CollectPlan:
+def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:
     params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
-    return CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id)
+    return CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id,
+                                 build_episodes(cfg, tokenizer, model))
+
+
+def build_episodes(cfg: Config, tokenizer, model):
+    """The multi-turn plan (``data.env`` or the task's environment), or None for single-turn collection."""
+    from grpoplus.envs.base import env_factory
+    from grpoplus.envs.episodes import EpisodeLimits
+    from grpoplus.envs.plan import EpisodePlan
+
+    name = env_of(cfg.data)
+    if name is None:
+        return None
+    r = cfg.rollout
+    limits = EpisodeLimits(max_turns=r.max_turns, max_tokens=r.max_episode_tokens, timeout_s=r.env_timeout_s,
+                           max_context=context_length(model))
+    return EpisodePlan(env_factory(name), limits, tokenizer)
+
+
+def context_length(model) -> int:
+    """Longest prompt + response the engines take for this model (EngineOptions.max_model_len)."""
+    max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
+    return min(max_len, 8192)
 
 
 def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
@@ -184,9 +206,8 @@ def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
 
     r = cfg.rollout
     factory = ENGINES.get(r.engine)
-    max_len = getattr(model.config, "max_position_embeddings", None) or 4096
     options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
-                            max_model_len=min(max_len, 8192), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
+                            max_model_len=context_length(model), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
                             generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
                             dtype=COMPUTE_DTYPES[cfg.learner.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))

@@ -86,4 +86,5 @@ def to_rollouts(trajectories: list[Trajectory], group_ids: list[int], prompt_ind
     return Rollouts(prompt_ids, prompt_mask, response_ids, response_mask, logp_roll,
                     torch.tensor([t.finished for t in trajectories]), torch.tensor(group_ids, dtype=torch.long),
                     [t.text for t in trajectories], list(prompt_index), policy_version=policy_version,
-                    model_mask=model_mask)
+                    model_mask=model_mask, turn_rewards=[[t.reward for t in tr.turns if t.sampled] for tr in trajectories],
+                    turn_ends=[tr.turn_ends() for tr in trajectories])

@@ -80,6 +80,10 @@ def rollout_metrics(drawn: list[ScoredGroups], batch: ScoredGroups | None) -> di
     if (~correct).any():
         out["length/incorrect_mean"] = float(lengths[~correct].mean())
     out.update(_group_spread(drawn))
+    if all(s.rollouts.turn_ends is not None for s in drawn):  # multi-turn: turns to solve
+        turns = torch.tensor([float(len(t)) for s in drawn for t in s.rollouts.turn_ends])
+        if correct.any():
+            out["env/turns_correct_mean"] = float(turns[correct].mean())
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from grpoplus.envs.render import observation_ids
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
@@ -109,9 +110,9 @@ def encode_sft(tokenizer, prompts: list[str], targets: list[str]) -> dict[str, t
     rows, label_rows = [], []
     for prompt, target in zip(prompts, targets):
         prompt_ids = tokenizer(prompt)["input_ids"]  # <bos> + prompt, as at generation time
-        target_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(prompt_ids + target_ids)
-        label_rows.append([-100] * len(prompt_ids) + target_ids)
+        ids, labels = _target_ids(tokenizer, target)
+        rows.append(prompt_ids + ids)
+        label_rows.append([-100] * len(prompt_ids) + labels)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     return dict(
@@ -119,6 +120,19 @@ def encode_sft(tokenizer, prompts: list[str], targets: list[str]) -> dict[str, t
         attention_mask=torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),  # [B, T]
         labels=torch.tensor([r + [-100] * (width - len(r)) for r in label_rows]),  # [B, T]
     )
+
+
+def _target_ids(tokenizer, target: str | list) -> tuple[list[int], list[int]]:
+    """(ids, labels) of a response: one turn ending in ``<eos>``, or a multi-turn game's turns, each ending in
+    ``<eos>`` and followed by its observation in the environment markup (no loss on the observation)."""
+    turns = [(target, None)] if isinstance(target, str) else target
+    ids, labels = [], []
+    for text, obs in turns:
+        turn = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seen = observation_ids(tokenizer, obs)
+        ids += turn + seen
+        labels += turn + [-100] * len(seen)
+    return ids, labels
 
 
 def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps: int, batch_size: int, lr: float,
@@ -155,7 +169,7 @@ def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps
     return losses
 
 
-def sft_targets(task, examples, direct_frac: float, seed: int) -> list[str]:
+def sft_targets(task, examples, direct_frac: float, seed: int) -> list:
     """The SFT response of each example: the worked target, or with probability ``direct_frac``
     only its final ``#answer`` part.
 
@@ -165,6 +179,8 @@ def sft_targets(task, examples, direct_frac: float, seed: int) -> list[str]:
     clear signal to learn from, and response length grows as it learns to work things out.
     """
     rng = random.Random(seed)
+    if hasattr(task, "sft_episode"):  # a multi-turn task: whole games, its own mixture of habits
+        return [task.sft_episode(example, rng) for example in examples]
     targets = []
     for example in examples:
         worked = task.sft_target(example)

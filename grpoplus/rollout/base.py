@@ -53,9 +53,11 @@ class RolloutEngine(Protocol):
     name: str  # the registered name, for messages
     pad_id: int  # the token that pads prompts and responses
 
-    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Rollouts:
-        """Sample ``params.n`` responses for every prompt; groups are contiguous rows."""
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
+                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None) -> Rollouts:
+        """Sample ``params.n`` responses for every prompt; groups are contiguous rows. A prompt is a string (tokenized
+        with the tokenizer's special tokens) or a list of token ids taken as they are (a multi-turn trajectory
+        continues from the ids it holds: nothing is re-tokenized)."""
 
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
         """Load the learner's current weights from any :mod:`grpoplus.sync` source (a module is ``InProcess``);
@@ -89,8 +91,8 @@ def require_engine(name: str) -> None:
 
 def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:
     """Reject a bad request with a message naming the field (instead of a failure deep in an engine)."""
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError("prompts must be a non-empty list of strings")
+    if not prompts or not (all(isinstance(p, str) for p in prompts) or all(is_token_ids(p) for p in prompts)):
+        raise ValueError("prompts must be a non-empty list of strings, or of non-empty lists of token ids")
     if prompt_index is not None and len(prompt_index) != len(prompts):
         raise ValueError(f"prompt_index has {len(prompt_index)} entries for {len(prompts)} prompts")
     if params.n < 1 or params.max_new_tokens < 1:
@@ -100,6 +102,23 @@ def check_request(prompts: list[str], params: SamplingParams, prompt_index: list
         raise ValueError(f"SamplingParams.temperature must be > 0 (greedy=True for argmax), got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+
+
+def is_token_ids(prompt) -> bool:
+    """A prompt given as token ids: a non-empty list of ints."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+
+
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B, P] ids, [B, P] mask)`` left-padded: strings through the tokenizer (its special tokens added), token-id
+    prompts as they are."""
+    if isinstance(prompts[0], str):
+        enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
+        return enc["input_ids"], enc["attention_mask"]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return ids, mask
 
 
 def check_rollouts(rollouts: Rollouts, n_prompts: int, params: SamplingParams, engine: str) -> Rollouts:

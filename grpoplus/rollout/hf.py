@@ -20,7 +20,7 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.learner.precision import autocast_to
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
-from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request
+from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
@@ -213,13 +213,13 @@ class HFEngine:
     def close(self) -> None:
         """Nothing to release: the engine lives in the learner's process."""
 
-    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Rollouts:
-        """Sample ``params.n`` responses for each prompt; groups are contiguous rows of the result."""
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
+                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None) -> Rollouts:
+        """Sample ``params.n`` responses for each prompt (text, or token ids taken as they are); groups are
+        contiguous rows of the result."""
         check_request(prompts, params, prompt_index)
         device = next(self.model.parameters()).device
-        enc = self.tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
-        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
+        ids, mask = (x.to(device) for x in encode_prompts(self.tokenizer, prompts, self.pad_id))  # [B, P]
         stop_ids = torch.tensor(self.stop_ids, device=device)
         was_training = self.model.training
         self.model.eval()

@@ -27,7 +27,15 @@ import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.lora import is_lora, plain_model, save_adapters
-from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineError, EngineOptions, check_request, require_engine
+from grpoplus.rollout.base import (
+    DEFAULT_OPTIONS,
+    ENGINES,
+    EngineError,
+    EngineOptions,
+    check_request,
+    encode_prompts,
+    require_engine,
+)
 from grpoplus.rollout.hf import pad_right, stop_token_ids
 from grpoplus.sync import WeightSource, as_source, module_of, tensors
 
@@ -148,15 +156,15 @@ class VLLMEngine:
         kwargs.update(extra)
         return LLM(**kwargs)
 
-    def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Rollouts:
-        """Sample ``params.n`` responses for each prompt; groups are contiguous rows of the result."""
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
+                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None) -> Rollouts:
+        """Sample ``params.n`` responses for each prompt (text, or token ids taken as they are); groups are
+        contiguous rows of the result."""
         from vllm import SamplingParams as VLLMParams
         from vllm.inputs import TokensPrompt
 
         check_request(prompts, params, prompt_index)
-        enc = self.tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
-        ids, mask = enc["input_ids"], enc["attention_mask"]  # [B, P]
+        ids, mask = encode_prompts(self.tokenizer, prompts, self.pad_id)  # [B, P]
         requests = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(ids, mask)]
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
         sampling = VLLMParams(n=params.n, temperature=0.0 if params.greedy else params.temperature,

@@ -1,13 +1,14 @@
 """Tasks: prompts, reference answers and verifiers, looked up by name in ``TASKS``.
 
 Importing this package registers the built-in tasks (``arithmetic``, ``countdown``,
-``wordproblems``).
+``wordproblems``, and the multi-turn ``guess``).
 """
 
 from __future__ import annotations
 
 import inspect
 
+from grpoplus.envs import guess  # noqa: F401  (registers the built-in multi-turn task)
 from grpoplus.tasks import arithmetic, countdown, wordproblems  # noqa: F401  (registers the built-in tasks)
 from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
 

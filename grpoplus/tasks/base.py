@@ -46,10 +46,16 @@ def reward_fields(examples: Sequence[Example]) -> dict[str, list]:
 
 
 def without_prompts(examples: Sequence[Example], held_out: Sequence[Example]) -> list[Example]:
-    """The ``examples`` whose prompt is not one of ``held_out``'s: a training split that never
+    """The ``examples`` whose problem is not one of ``held_out``'s (:func:`problem_key`): a training split that never
     contains a held-out problem, also when the two splits were drawn with different seeds."""
-    seen = {ex.prompt for ex in held_out}
-    return [ex for ex in examples if ex.prompt not in seen]
+    seen = {problem_key(ex) for ex in held_out}
+    return [ex for ex in examples if problem_key(ex) not in seen]
+
+
+def problem_key(example: Example) -> str:
+    """What identifies a problem: its prompt, or ``fields["problem_id"]`` for a task whose prompt does not (a game
+    with a hidden secret)."""
+    return example.fields.get("problem_id", example.prompt)
 
 
 def is_correct(score: float | None) -> bool:

@@ -1,0 +1,221 @@
+"""Multi-turn collection: the engine samples one turn for every live trajectory of the batch at once, the
+environments answer concurrently, their observations are appended as ids, and ended trajectories leave the
+batch (ALGORITHMS.md section 12).
+
+Every trajectory owns its environment, made from its data row; ``G`` trajectories share a prompt (a group).
+A trajectory ends, with the reason recorded (``env/ended/<reason>``), when
+
+- ``done``: the environment says so (the only *finished* ending);
+- ``max_turns``: the policy has taken ``max_turns`` turns;
+- ``length``: a turn reached ``max_new_tokens`` without its end token, or the trajectory's token budget ran out;
+- ``context``: an observation would overflow the budget or the engine's context;
+- ``error`` / ``timeout`` / ``malformed``: the environment raised, did not answer within ``timeout_s``, or
+  answered something that is not a step result. Counted, never a crash and never a hang.
+
+Environment tokens are attended to but carry no loss (``Rollouts.model_mask``); nothing sampled is re-tokenized.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
+from grpoplus.envs.calls import Outcome, awaited, run_all
+from grpoplus.envs.render import first_prompt_ids, observation_ids
+from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
+from grpoplus.rollout.base import check_rollouts
+
+REASONS = ("done", "max_turns", "length", "context", "error", "timeout", "malformed")
+TURN_METRICS = 8  # env/turn_reward/k is logged for the first turns
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Bounds on one trajectory."""
+
+    max_turns: int = 8
+    max_tokens: int = 0  # sampled + observation tokens after the prompt (0: no budget beyond max_turns)
+    timeout_s: float = 30.0  # per reset / step / close call
+    max_context: int = 1024  # prompt + response must fit the engine's context
+
+
+@dataclass
+class Episode:
+    """One live trajectory: its environment, its ids so far, and how it ended."""
+
+    env: Any
+    prompt: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    reason: str | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    @property
+    def used(self) -> int:
+        return sum(len(t.sampled) + len(t.observation) for t in self.turns)
+
+    def context(self) -> list[int]:
+        return self.prompt + [i for t in self.turns for i in t.sampled + t.observation]
+
+
+def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict], params: SamplingParams,
+                 limits: EpisodeLimits, generator: torch.Generator | None = None,
+                 prompt_index: list[int] | None = None) -> tuple[Rollouts, dict[str, float]]:
+    """``params.n`` trajectories per row (groups contiguous), each with its own environment; returns the rollouts
+    (``model_mask`` 0 on observations, per-turn rewards and turn ends) and the ``env/*`` metrics."""
+    t0 = time.perf_counter()
+    expanded = [row for row in rows for _ in range(params.n)]
+    episodes = _start(tokenizer, factory, expanded, limits)
+    env_s = time.perf_counter() - t0
+    turn = replace(params, n=1)
+    for _ in range(limits.max_turns):
+        live = [e for e in episodes if e.reason is None]
+        if not live:
+            break
+        _sample_turn(engine, tokenizer, live, turn, limits, generator)
+        t1 = time.perf_counter()
+        _step(tokenizer, [e for e in live if e.reason is None], limits)
+        env_s += time.perf_counter() - t1
+    for e in episodes:
+        e.reason = e.reason or "max_turns"
+    t2 = time.perf_counter()
+    run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
+    env_s += time.perf_counter() - t2
+    trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e)) for e in episodes]
+    rollouts = to_rollouts(trajectories, [i // params.n for i in range(len(episodes))],
+                           list(prompt_index) if prompt_index is not None else list(range(len(rows))),
+                           engine.pad_id, policy_version=getattr(engine, "version", 0))
+    return rollouts, dict(episode_metrics(episodes), **{"time/env_s": env_s})
+
+
+def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits) -> list[Episode]:
+    """Make and reset one environment per trajectory, concurrently (a factory may be slow too); the first
+    observation, when there is one, is the prompt."""
+    envs: list[Any] = [None] * len(rows)
+
+    def start(i: int, row: dict):
+        envs[i] = make(factory, row)
+        return _reset(envs[i], row)
+
+    resets = run_all([lambda i=i, row=row: start(i, row) for i, row in enumerate(rows)], limits.timeout_s)
+    episodes = []
+    for row, env, r in zip(rows, envs, resets):
+        prompt = (first_prompt_ids(tokenizer, r.value) if r.ok else None) or tokenizer(row["prompt"])["input_ids"]
+        episode = Episode(env, prompt)
+        if not r.ok:
+            episode.reason = _failure(r, "reset")
+        episodes.append(episode)
+    return episodes
+
+
+def _reset(env, row: dict):
+    obs = awaited(env.reset(**row))
+    if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[1], dict):  # Gymnasium: (observation, info)
+        obs = obs[0]
+    check_observation(obs)
+    return obs
+
+
+def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams, limits: EpisodeLimits,
+                 generator) -> None:
+    """One turn for every live trajectory at once; each row cut at its own cap (budget and context)."""
+    contexts = [e.context() for e in live]
+    caps = [min(params.max_new_tokens, limits.max_context - len(c),
+                (limits.max_tokens - e.used) if limits.max_tokens else params.max_new_tokens)
+            for e, c in zip(live, contexts)]
+    for e, cap in zip(live, caps):
+        if cap <= 0:
+            e.reason = "length" if limits.max_tokens and e.used >= limits.max_tokens else "context"
+    active = [(e, c, cap) for e, c, cap in zip(live, contexts, caps) if cap > 0]
+    if not active:
+        return
+    turn = replace(params, max_new_tokens=max(cap for _, _, cap in active))
+    out = check_rollouts(engine.generate([c for _, c, _ in active], turn, generator=generator), len(active), turn,
+                         engine.name)
+    for row, (e, _, cap) in enumerate(active):
+        n = int(out.response_mask[row].sum())
+        ids, logp = out.response_ids[row, :n].tolist(), out.logp_roll[row, :n].tolist()
+        ended = bool(out.finished[row]) and n <= cap
+        e.turns.append(Turn(ids[:cap], logp[:cap]))
+        if not ended:
+            e.reason = "length"
+
+
+def _step(tokenizer, live: list[Episode], limits: EpisodeLimits) -> None:
+    """Every live environment answers its trajectory's last turn, concurrently."""
+    actions = [tokenizer.decode(e.turns[-1].sampled, skip_special_tokens=True) for e in live]
+    outcomes = run_all([lambda e=e, a=a: as_step(awaited(e.env.step(a))) for e, a in zip(live, actions)], limits.timeout_s)
+    for e, outcome in zip(live, outcomes):
+        if not outcome.ok:
+            e.reason = _failure(outcome, "step")
+            continue
+        result = outcome.value
+        e.turns[-1].reward = None if result.reward is None else float(result.reward)
+        e.tool_calls += int(result.info.get("tool_calls", 0))
+        e.tool_errors += int(result.info.get("tool_errors", 0))
+        if result.done:
+            e.reason = "done"
+            continue
+        try:
+            obs = observation_ids(tokenizer, result.observation)
+        except ValueError as err:
+            e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step")
+            continue
+        room = limits.max_context - len(e.context())
+        if limits.max_tokens:
+            room = min(room, limits.max_tokens - e.used)
+        if len(obs) >= room:  # no room left for the observation and a next turn
+            e.reason = "context"
+        else:
+            e.turns[-1].observation = obs
+
+
+_WARNED: set[str] = set()
+
+
+def _failure(outcome: Outcome, call: str) -> str:
+    """The ending a failed call gives its trajectory; the first failure of each kind is said once on stderr."""
+    reason = "timeout" if outcome.timed_out else "malformed" if isinstance(outcome.error, MalformedStep) else "error"
+    what = "did not answer in time" if outcome.timed_out else f"{type(outcome.error).__name__}: {outcome.error}"
+    key = f"{call}:{reason}:{type(outcome.error).__name__}"
+    if key not in _WARNED:
+        _WARNED.add(key)
+        print(f"grpoplus: warning: an environment's {call} {what} (its trajectory ends, counted in env/ended/{reason};"
+              " said once)", file=sys.stderr)
+    return reason
+
+
+def _text(tokenizer, e: Episode) -> str:
+    """The transcript the reward functions read: every turn's text and observation, special tokens dropped."""
+    return tokenizer.decode([i for t in e.turns for i in t.sampled + t.observation], skip_special_tokens=True)
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """``env/*``: turns, endings, observation share, environment returns and per-turn rewards, tool use."""
+    n = len(episodes)
+    turns = torch.tensor([float(len(e.turns)) for e in episodes])
+    sampled = sum(len(t.sampled) for e in episodes for t in e.turns)
+    observed = sum(len(t.observation) for e in episodes for t in e.turns)
+    out = {"env/turns_mean": float(turns.mean()), "env/turns_max": float(turns.max()),
+           "env/obs_token_frac": observed / max(1, sampled + observed),
+           "env/return_mean": sum(_return(e.turns) for e in episodes) / n,
+           "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
+           "env/tool_errors": float(sum(e.tool_errors for e in episodes)),
+           "env/errors": float(sum(e.reason in ("error", "malformed") for e in episodes)),
+           "env/timeouts": float(sum(e.reason == "timeout" for e in episodes))}
+    out.update({f"env/ended/{r}": sum(e.reason == r for e in episodes) / n for r in REASONS})
+    for k in range(TURN_METRICS):
+        rewards = [e.turns[k].reward for e in episodes if len(e.turns) > k and e.turns[k].reward is not None]
+        if rewards:
+            out[f"env/turn_reward/{k + 1}"] = sum(rewards) / len(rewards)
+    return out
+
+
+def _return(turns: list[Turn]) -> float:
+    return sum(t.reward for t in turns if t.reward is not None)
