@@ -46,8 +46,8 @@ def env_data(tmp_path):
 
 def test_a_users_environment_trains_and_hanging_or_raising_games_are_counted(nano_dir, env_data):
     out = env_data / "run"
-    args = ["train", "--model", nano_dir, "--out", str(out), f"data={env_data / 'rows.jsonl'}", f"eval_data={env_data / 'held_out.jsonl'}",
-            "answer_format=raw",
+    args = ["train", "--model", nano_dir, "--out", str(out), f"data={env_data / 'rows.jsonl'}",
+            f"eval_data={env_data / 'held_out.jsonl'}", "answer_format=raw",
             f"env={env_data / 'game.py'}:make", "env_timeout_s=0.5", "max_turns=3", "max_steps=2", "eval_size=8",
             *SMALL]
     assert main(args) == 0
