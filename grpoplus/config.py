@@ -105,6 +105,10 @@ class DataConfig:
     """Multi-turn environment the rows are played in (one instance per rollout, made from its row): a registered
     name (guess), `module:factory` or `file.py:factory`. None: the task's own (the guess task plays guess), else
     single-turn."""
+    tools: list = field(default_factory=list)
+    """Tools the policy may call in a multi-turn episode (no data.env needed): built-in calculator, python (the code
+    sandbox), or `module:function` / `file.py:function` with type hints and an Args: docstring. A turn without a
+    <tool_call> is the answer."""
 
 
 @dataclass
@@ -435,6 +439,8 @@ def _algo_number(name: str, value: Any) -> Any:
 
 def env_of(data: DataConfig) -> str | None:
     """The environment a run's rows are played in: ``data.env``, else a built-in task's own; None: single-turn."""
+    if data.tools:
+        return data.env or "tools"
     if data.env is not None or data.data is not None:
         return data.env
     from grpoplus.tasks import TASKS
@@ -558,10 +564,17 @@ def _check_env(cfg: Config) -> None:
     if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0:
         raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
                          f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s})")
+    if cfg.data.env is not None and cfg.data.tools:
+        raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
+                         "itself (a class's public methods are its tools), or drop data.env")
     if cfg.data.env is not None:
         from grpoplus.envs.base import env_factory
 
         env_factory(cfg.data.env)
+    if cfg.data.tools:
+        from grpoplus.envs.tools import resolve_tools
+
+        resolve_tools(cfg.data.tools)
 
 
 def _check_scale(cfg: Config) -> None:

@@ -39,10 +39,12 @@ def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:
 
 
 def build_episodes(cfg: Config, tokenizer, model):
-    """The multi-turn plan (``data.env`` or the task's environment), or None for single-turn collection."""
+    """The multi-turn plan (``data.env``, ``data.tools`` or the task's environment), or None for single-turn
+    collection."""
     from grpoplus.envs.base import env_factory
     from grpoplus.envs.episodes import EpisodeLimits
     from grpoplus.envs.plan import EpisodePlan
+    from grpoplus.envs.tools import ToolEnv, resolve_tools
 
     name = env_of(cfg.data)
     if name is None:
@@ -50,7 +52,8 @@ def build_episodes(cfg: Config, tokenizer, model):
     r = cfg.rollout
     limits = EpisodeLimits(max_turns=r.max_turns, max_tokens=r.max_episode_tokens, timeout_s=r.env_timeout_s,
                            max_context=context_length(model))
-    return EpisodePlan(env_factory(name), limits, tokenizer)
+    factory = functools.partial(ToolEnv, resolve_tools(cfg.data.tools)) if cfg.data.tools else env_factory(name)
+    return EpisodePlan(factory, limits, tokenizer, chat=cfg.data.chat_template)
 
 
 def context_length(model) -> int:
@@ -133,17 +136,19 @@ def builtin_tasks(cfg: Config) -> tuple | None:
 def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
     """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
     ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
-    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``)."""
+    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``), except in a multi-turn
+    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`)."""
     from grpoplus.tasks import without_prompts
     from grpoplus.tasks.dataset import dataset_task
     from grpoplus.tasks.synthetic import with_chat_template
 
     d = cfg.data
     tasks = tasks or builtin_tasks(cfg)
+    chat = d.chat_template and env_of(d) is None
     if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
-        task = dataset_task(d, tokenizer if d.chat_template else None, seed=d.eval_seed)
+        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed)
         held_out = task
-    elif getattr(tasks[0], "chat", False) and d.chat_template:
+    elif getattr(tasks[0], "chat", False) and chat:
         task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
     else:
         task, held_out = tasks

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.envs.adapters import adapt
 from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
 from grpoplus.envs.calls import Outcome, awaited, run_all
 from grpoplus.envs.render import first_prompt_ids, observation_ids
@@ -66,12 +67,13 @@ class Episode:
 
 def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict], params: SamplingParams,
                  limits: EpisodeLimits, generator: torch.Generator | None = None,
-                 prompt_index: list[int] | None = None) -> tuple[Rollouts, dict[str, float]]:
+                 prompt_index: list[int] | None = None, chat: bool = True) -> tuple[Rollouts, dict[str, float]]:
     """``params.n`` trajectories per row (groups contiguous), each with its own environment; returns the rollouts
-    (``model_mask`` 0 on observations, per-turn rewards and turn ends) and the ``env/*`` metrics."""
+    (``model_mask`` 0 on observations, per-turn rewards and turn ends) and the ``env/*`` metrics. ``chat``: a row
+    prompt goes through the tokenizer's chat template (when a reset answers none of its own)."""
     t0 = time.perf_counter()
     expanded = [row for row in rows for _ in range(params.n)]
-    episodes = _start(tokenizer, factory, expanded, limits)
+    episodes = _start(tokenizer, factory, expanded, limits, chat)
     env_s = time.perf_counter() - t0
     turn = replace(params, n=1)
     for _ in range(limits.max_turns):
@@ -94,19 +96,21 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     return rollouts, dict(episode_metrics(episodes), **{"time/env_s": env_s})
 
 
-def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits) -> list[Episode]:
+def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bool) -> list[Episode]:
     """Make and reset one environment per trajectory, concurrently (a factory may be slow too); the first
-    observation, when there is one, is the prompt."""
+    observation, when there is one, is the prompt, else the row's prompt (as a user message for a chat model)."""
     envs: list[Any] = [None] * len(rows)
 
     def start(i: int, row: dict):
-        envs[i] = make(factory, row)
+        envs[i] = adapt(make(factory, row))
         return _reset(envs[i], row)
 
     resets = run_all([lambda i=i, row=row: start(i, row) for i, row in enumerate(rows)], limits.timeout_s)
     episodes = []
     for row, env, r in zip(rows, envs, resets):
-        prompt = (first_prompt_ids(tokenizer, r.value) if r.ok else None) or tokenizer(row["prompt"])["input_ids"]
+        tools = getattr(env, "tool_schemas", None)
+        prompt = (first_prompt_ids(tokenizer, r.value, tools) if r.ok else None) or (
+            first_prompt_ids(tokenizer, row["prompt"], tools) if chat else tokenizer(row["prompt"])["input_ids"])
         episode = Episode(env, prompt)
         if not r.ok:
             episode.reason = _failure(r, "reset")

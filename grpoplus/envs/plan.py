@@ -23,8 +23,9 @@ class EpisodePlan:
     factory: Callable[..., Any]
     limits: EpisodeLimits
     tokenizer: Any
+    chat: bool = True  # a row's prompt goes through the chat template when the tokenizer has one
 
     def run(self, engine, examples: list, params: SamplingParams, prompt_index: list[int],
             generator: torch.Generator | None) -> tuple[Rollouts, dict[str, float]]:
         return run_episodes(engine, self.tokenizer, self.factory, [row_of(ex) for ex in examples], params,
-                            self.limits, generator, prompt_index)
+                            self.limits, generator, prompt_index, chat=self.chat)

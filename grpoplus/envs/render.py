@@ -50,15 +50,35 @@ def observation_ids(tokenizer, obs: Observation) -> list[int]:
                      add_special_tokens=False)["input_ids"]
 
 
-def first_prompt_ids(tokenizer, obs: Observation) -> list[int] | None:
-    """The prompt's ids when ``reset`` answered an observation; None to use the row's prompt."""
+def first_prompt_ids(tokenizer, obs: Observation, tools: list[dict] | None = None) -> list[int] | None:
+    """The prompt's ids from a first observation (None: there is none). A chat model gets it as the conversation's
+    opening messages with the generation prompt; ``tools`` (JSON schemas) go through the template when it takes
+    them, else into a system message that states the call format."""
     msgs = messages(obs)
     if not msgs:
         return None
+    if tools and not _takes_tools(tokenizer):
+        from grpoplus.envs.tools import tools_system_text
+
+        msgs = _with_system(msgs, tools_system_text(tools))
+        tools = None
     if not has_template(tokenizer):
-        return tokenizer(text_of(obs))["input_ids"]
-    text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tokenize=False, add_generation_prompt=True)
+        return tokenizer(text_of(msgs))["input_ids"]
+    text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tools=tools, tokenize=False,
+                                         add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _with_system(msgs: list[dict], text: str) -> list[dict]:
+    """``text`` as the system message (before an existing one's content)."""
+    if msgs and msgs[0]["role"] == "system":
+        return [dict(msgs[0], content=text + "\n\n" + msgs[0]["content"])] + msgs[1:]
+    return [{"role": "system", "content": text}] + msgs
+
+
+def _takes_tools(tokenizer) -> bool:
+    """The chat template renders a ``tools`` argument (transformers' tool-use templates)."""
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
 _HOLE = "\x00grpoplus-observation-{}\x00"
