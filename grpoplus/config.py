@@ -564,6 +564,9 @@ def _check_env(cfg: Config) -> None:
     if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0:
         raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
                          f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s})")
+    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None:
+        raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
+                         " set data.env (or data.tools), or algo.turn_credit=off")
     if cfg.data.env is not None and cfg.data.tools:
         raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
                          "itself (a class's public methods are its tools), or drop data.env")

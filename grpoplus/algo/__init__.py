@@ -19,6 +19,7 @@ from grpoplus.algo.advantages import (
     group_relative,
     group_stats,
     process_advantages,
+    return_to_go_advantages,
     whiten_tokens,
 )
 from grpoplus.algo.aggregation import AGGREGATIONS, LossNorm, sequence_mean
@@ -84,6 +85,7 @@ __all__ = [
     "policy_loss",
     "prepare_loss",
     "process_advantages",
+    "return_to_go_advantages",
     "ratio_dependent",
     "reset_reference",
     "select_tokens",

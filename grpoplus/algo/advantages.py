@@ -286,3 +286,42 @@ def process_advantages(
     adv.index_put_((flat_row, flat_end), norm_r, accumulate=True)
     adv = adv.flip(-1).cumsum(-1).flip(-1)
     return adv.float().to(group_ids.device)
+
+
+def return_to_go_advantages(
+    step_rewards: Sequence[Sequence[float]] | Sequence[Tensor],
+    step_end_indices: Sequence[Sequence[int]] | Sequence[Tensor],
+    group_ids: Tensor,
+    T: int,
+) -> Tensor:
+    """Turn-level credit with one baseline per trajectory.  -> [N, T] float32.
+
+    ``G_{i,t} = sum_{k: e_k >= t} R_{i,k}`` (the rewards of the steps from t on) and
+    ``A_{i,t} = G_{i,t} - mean_g G_{.,0}`` (the group's mean whole return; tokens after the last step get
+    ``-mean``, masked out by the loss anyway). No std division (as Dr. GRPO, arXiv:2503.20783): a group whose whole
+    returns agree has std 0 while its returns-to-go still differ within a trajectory.
+
+    Unlike :func:`process_advantages`, which subtracts the group's mean step reward once per step a trajectory
+    takes (a baseline whose size the policy chooses by when it stops, so an extra turn is rewarded or punished by
+    ``-mean``: verl RFC #7244), the baseline here is one number per group, independent of the trajectory's actions:
+    REINFORCE with a baseline (Williams 1992) on the return-to-go, an unbiased policy gradient.
+    """
+    n = group_ids.shape[0]
+    if len(step_rewards) != n or len(step_end_indices) != n:
+        raise ValueError(f"step_rewards ({len(step_rewards)}) and step_end_indices ({len(step_end_indices)}) "
+                         f"must have one entry per response ({n})")
+    togo = torch.zeros(n, T, dtype=torch.float64)
+    for i, (r, e) in enumerate(zip(step_rewards, step_end_indices)):
+        r = torch.as_tensor(r, dtype=torch.float64).reshape(-1)
+        e = torch.as_tensor(e, dtype=torch.long).reshape(-1)
+        if r.shape != e.shape:
+            raise ValueError(f"response {i}: {r.numel()} step rewards but {e.numel()} step end indices")
+        if e.numel() and (int(e.min()) < 0 or int(e.max()) >= T):
+            raise ValueError(f"response {i}: step end indices must lie in [0, {T - 1}], got {e.tolist()}")
+        togo[i].index_put_((e,), r, accumulate=True)
+    togo = togo.flip(-1).cumsum(-1).flip(-1)  # G_{i,t}
+    index, num_groups = dense_groups(group_ids.cpu())
+    whole = togo[:, 0]
+    count = whole.new_zeros(num_groups).index_add_(0, index, torch.ones_like(whole))
+    mean = whole.new_zeros(num_groups).index_add_(0, index, whole) / count
+    return (togo - mean[index, None]).float().to(group_ids.device)

@@ -26,6 +26,7 @@ _CHOICES = {
     "gfpo_metric": ("length", "reward_per_token"),
     "adv_whiten": ("response", "token"),
     "reward_aggregation": ("sum", "gdpo"),
+    "turn_credit": ("off", "process", "return_to_go"),
     "routing_replay": ("off", "r2", "r3"),
 }
 _REGISTRIES = {"adv_estimator": ADVANTAGES, "loss": LOSSES, "aggregation": AGGREGATIONS, "kl_estimator": KL_ESTIMATORS}
@@ -54,6 +55,15 @@ class AlgoConfig:
     """How several reward components become advantages: sum (the weighted total, then the
     estimator) | gdpo (each component normalised within its group by the estimator, weighted sum,
     then batch-whitened; GDPO, arXiv:2601.05242)."""
+    turn_credit: str = "off"
+    """Multi-turn credit (sections 1 and 12): off (one outcome advantage per trajectory, from adv_estimator) |
+    process (DeepSeekMath's process estimator, arXiv:2402.03300 sec. 4.1.3: each turn's reward is a step reward
+    ending at the turn's last token, all step rewards of the group normalised together, A_t = the sum of the
+    normalised rewards of the turns from t on; biased toward more turns when the mean step reward is negative and
+    fewer when positive, since a trajectory subtracts one mean per turn it takes: verl RFC #7244) | return_to_go
+    (A_t = G_t - mean_g G_0, G_t the sum of the rewards of the turns from t on: one baseline per group, so no
+    bonus or cost for taking a turn). The reward functions' score of the transcript counts as
+    the last turn's reward."""
 
     # -- section 2: the policy loss -------------------------------------------------------------
     loss: str = "clip"
@@ -196,8 +206,9 @@ class AlgoConfig:
             object.__setattr__(self, "corrections", names)
         elif isinstance(self.corrections, list):
             object.__setattr__(self, "corrections", tuple(self.corrections))
-        if self.routing_replay is False:  # YAML 1.1 reads a bare `off` (CLI override, config file) as false
-            object.__setattr__(self, "routing_replay", "off")
+        for key in ("routing_replay", "turn_credit"):  # YAML 1.1 reads a bare `off` (CLI, config file) as false
+            if getattr(self, key) is False:
+                object.__setattr__(self, key, "off")
         self._check_types()
         self._check_names()
         self._check_values()

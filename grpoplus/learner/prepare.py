@@ -152,11 +152,33 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     return batch, entropy, metrics
 
 
+def turn_advantages(r, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig) -> torch.Tensor:
+    """[N, T] turn-level advantages (``algo.turn_credit``): each turn's environment reward is a step reward ending at
+    its last sampled token, and the rest of the trajectory's reward (the reward functions' score of the transcript,
+    a KL penalty in the reward) is added to the last turn's (ALGORITHMS.md section 12)."""
+    if r.turn_rewards is None:
+        raise ValueError(f"algo.turn_credit={algo.turn_credit} needs multi-turn rollouts: set data.env (or data.tools)"
+                         ", or algo.turn_credit=off")
+    rest = (rewards - r.env_returns).tolist()
+    steps = [[0.0 if x is None else x for x in turn] for turn in r.turn_rewards]
+    for i, turn in enumerate(steps):
+        if turn:
+            turn[-1] += rest[i]
+    T = r.response_ids.shape[1]
+    if algo.turn_credit == "process":
+        adv = A.process_advantages(steps, r.turn_ends, r.group_ids, T, eps=algo.adv_eps)
+    else:
+        adv = A.return_to_go_advantages(steps, r.turn_ends, r.group_ids, T)
+    return adv if keep is None else adv * keep[:, None].float()
+
+
 def _advantages(scored: ScoredGroups, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig,
                 plan: LearnerPlan) -> torch.Tensor:
     """[N], or [N, T] with token whitening (``adv_whiten=token``). ``reward_aggregation=gdpo``:
     every reward component of the pipeline is a column (None -> 0), weighted as in the pipeline."""
     r = scored.rollouts
+    if algo.turn_credit != "off":
+        return turn_advantages(r, rewards, keep, algo)
     token_mask = r.sampled_mask if algo.adv_whiten == "token" else None
     if algo.reward_aggregation != "gdpo":
         return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps,

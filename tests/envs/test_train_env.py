@@ -61,9 +61,11 @@ def test_a_users_environment_trains_and_hanging_or_raising_games_are_counted(nan
     assert all(v == v for r in records for v in r.values())  # nothing NaN
 
 
-def test_the_built_in_guess_task_runs_on_any_model(nano_dir, tmp_path):
+@pytest.mark.parametrize("credit", ["off", "process", "return_to_go"])
+def test_the_built_in_guess_task_runs_on_any_model(nano_dir, tmp_path, credit):
     out = tmp_path / "guess"
-    assert main(["train", "--task", "guess", "--model", nano_dir, "--out", str(out), "max_steps=1", *SMALL]) == 0
+    assert main(["train", "--task", "guess", "--model", nano_dir, "--out", str(out), "max_steps=1",
+                 f"turn_credit={credit}", *SMALL]) == 0
     last = read_metrics(out)[-1]
     assert last["env/turns_max"] <= 4 and "reward/env/mean" not in last and "env/return_mean" in last
 
