@@ -95,6 +95,16 @@ class DoctorThresholds:
     """mismatch_with_staleness: rank correlation of async/staleness_mean and mismatch/k3 over the steps at or above this ..."""
     staleness_mismatch_ratio: float = 1.5
     """... and mean mismatch on the staler half of the steps at least this times the fresher half's (and >= mismatch_floor)."""
+    turn_limit_frac: float = 0.5
+    """turn_limit: recent mean of env/ended/max_turns at or above this (most trajectories cut by the turn limit)."""
+    env_failure_frac: float = 0.1
+    """env_failures: recent mean share of trajectories ended by an environment error, timeout or malformed answer."""
+    tool_error_frac: float = 0.3
+    """tool_errors: recent env/tool_errors over env/tool_calls at or above this ..."""
+    tool_error_growth: float = 1.5
+    """... or that share grew this many times since the early window (the trend needs min_steps)."""
+    obs_crowding_frac: float = 0.2
+    """observation_crowding: recent mean of env/ended/context at or above this (observations overflow the budget)."""
     routing_mismatch_max: float = 0.1
     """routing_mismatch: recent mean of moe/routing_mismatch (share of token-layer expert choices that differ) at or above this."""  # noqa: E501
 
@@ -531,4 +541,4 @@ def check_grad_explosion(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
     )
 
 
-from . import offpolicy_checks  # noqa: E402,F401  (registers the off-policy checks)
+from . import env_checks, offpolicy_checks  # noqa: E402,F401  (register the multi-turn and off-policy checks)

@@ -207,6 +207,19 @@ def routing_mismatch_trace(level: float = 0.2, layers: int = 8) -> list[dict]:
     return records
 
 
+def multi_turn_trace(**levels) -> list[dict]:
+    """A healthy multi-turn run (most trajectories end done, few tool errors), with ``levels`` overriding env/*
+    metrics from step 0 on (``tool_errors`` may be a function of the step)."""
+    records = healthy_trace()
+    for r in records:
+        r.update({"env/ended/done": 0.9, "env/ended/max_turns": 0.05, "env/ended/error": 0.01,
+                  "env/ended/timeout": 0.0, "env/ended/malformed": 0.0, "env/ended/context": 0.02,
+                  "env/ended/length": 0.02, "env/turns_mean": 3.0, "env/tool_calls": 100.0, "env/tool_errors": 5.0,
+                  "env/obs_token_frac": 0.4})
+        r.update({k: v(r["step"]) if callable(v) else v for k, v in levels.items()})
+    return records
+
+
 CLIP_SETUP = {"loss": "clip", "updates_per_batch": 1, "group_size": 8}
 """batch_info of a clip loss with one update per batch (what the default config gives)."""
 
@@ -225,6 +238,12 @@ TRACES = {
     "zero_advantage": (zero_advantage_trace, {"zero_advantage"}),
     "mismatch_with_staleness": (staleness_trace, {"mismatch_with_staleness"}),
     "routing_mismatch": (routing_mismatch_trace, {"routing_mismatch"}),
+    "healthy_multi_turn": (multi_turn_trace, set()),
+    "turn_limit": (lambda: multi_turn_trace(**{"env/ended/max_turns": 0.7, "env/ended/done": 0.25}), {"turn_limit"}),
+    "env_failures": (lambda: multi_turn_trace(**{"env/ended/timeout": 0.15, "env/ended/error": 0.05}),
+                     {"env_failures"}),
+    "tool_errors": (lambda: multi_turn_trace(**{"env/tool_errors": lambda t: 5.0 + t}), {"tool_errors"}),
+    "observation_crowding": (lambda: multi_turn_trace(**{"env/ended/context": 0.3}), {"observation_crowding"}),
 }
 
 
