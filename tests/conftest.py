@@ -25,3 +25,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def short_turns_dir(tmp_path_factory) -> str:
+    """The nano model whose turns end at any digit, vowel or space as well as <eos> (its generation config's stop
+    ids): untrained, it still takes short turns, so multi-turn runs have observations between them."""
+    path = tmp_path_factory.mktemp("short-turns")
+    tok = char_tokenizer()
+    model = tiny_model(tok, size="nano", seed=0)
+    model.generation_config.eos_token_id = [tok.eos_token_id] + tok.convert_tokens_to_ids(list("0123456789aeiou "))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

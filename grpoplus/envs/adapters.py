@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import threading
 from typing import Any, Callable
 
 from grpoplus.envs.tools import ToolEnv, tool_class_env
@@ -19,9 +22,29 @@ from grpoplus.envs.tools import ToolEnv, tool_class_env
 # (recognise(obj) -> bool, wrap(obj) -> environment), tried in order before the tool kinds
 ADAPTERS: list[tuple[Callable[[Any], bool], Callable[[Any], Any]]] = []
 
+# library -> the grpoplus module whose import appends that library's adapters to ADAPTERS
+PACKAGE_ADAPTERS = {"openenv": "grpoplus.envs.openenv", "textarena": "grpoplus.envs.textarena"}
+_registered = threading.Event()
+_registering = threading.Lock()
+
+
+def _package_adapters() -> None:
+    """Import the adapter modules of the environment libraries that are installed, once (environments are made
+    in threads of their own, so the first caller registers while the others wait); a library that is not
+    installed has no objects to recognise. The modules do not import their library (some take seconds)."""
+    if _registered.is_set():
+        return
+    with _registering:
+        if not _registered.is_set():
+            for package, module in PACKAGE_ADAPTERS.items():
+                if importlib.util.find_spec(package) is not None:
+                    importlib.import_module(module)
+            _registered.set()
+
 
 def adapt(obj: Any) -> Any:
     """The environment ``obj`` is, wrapped where it needs to be (see the module docstring)."""
+    _package_adapters()
     for recognise, wrap in ADAPTERS:
         if recognise(obj):
             return wrap(obj)

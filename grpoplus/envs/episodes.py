@@ -76,11 +76,12 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     episodes = _start(tokenizer, factory, expanded, limits, chat)
     env_s = time.perf_counter() - t0
     turn = replace(params, n=1)
+    versions = []  # the policy version of every turn's sampler: the trajectories carry the oldest
     for _ in range(limits.max_turns):
         live = [e for e in episodes if e.reason is None]
         if not live:
             break
-        _sample_turn(engine, tokenizer, live, turn, limits, generator)
+        versions += _sample_turn(engine, tokenizer, live, turn, limits, generator)
         t1 = time.perf_counter()
         _step(tokenizer, [e for e in live if e.reason is None], limits)
         env_s += time.perf_counter() - t1
@@ -92,7 +93,7 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e)) for e in episodes]
     rollouts = to_rollouts(trajectories, [i // params.n for i in range(len(episodes))],
                            list(prompt_index) if prompt_index is not None else list(range(len(rows))),
-                           engine.pad_id, policy_version=getattr(engine, "version", 0))
+                           engine.pad_id, policy_version=min(versions, default=getattr(engine, "version", 0)))
     return rollouts, dict(episode_metrics(episodes), **{"time/env_s": env_s})
 
 
@@ -127,8 +128,9 @@ def _reset(env, row: dict):
 
 
 def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams, limits: EpisodeLimits,
-                 generator) -> None:
-    """One turn for every live trajectory at once; each row cut at its own cap (budget and context)."""
+                 generator) -> list[int]:
+    """One turn for every live trajectory at once; each row cut at its own cap (budget and context). Returns the
+    policy version that sampled it (none when no trajectory had room left)."""
     contexts = [e.context() for e in live]
     caps = [min(params.max_new_tokens, limits.max_context - len(c),
                 (limits.max_tokens - e.used) if limits.max_tokens else params.max_new_tokens)
@@ -138,7 +140,7 @@ def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams,
             e.reason = "length" if limits.max_tokens and e.used >= limits.max_tokens else "context"
     active = [(e, c, cap) for e, c, cap in zip(live, contexts, caps) if cap > 0]
     if not active:
-        return
+        return []
     turn = replace(params, max_new_tokens=max(cap for _, _, cap in active))
     out = check_rollouts(engine.generate([c for _, c, _ in active], turn, generator=generator), len(active), turn,
                          engine.name)
@@ -149,6 +151,7 @@ def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams,
         e.turns.append(Turn(ids[:cap], logp[:cap]))
         if not ended:
             e.reason = "length"
+    return [out.policy_version]
 
 
 def _step(tokenizer, live: list[Episode], limits: EpisodeLimits) -> None:

@@ -1,15 +1,16 @@
 """The built-in multi-turn task: guess a secret number from higher/lower feedback.
 
-The secret is a number in ``1..2^d - 1`` (``difficulty`` d, default 4: 1..15); the policy has ``d`` guesses,
-exactly enough for bisection. Each wrong guess is answered ``higher`` or ``lower`` (``?`` for a turn that is not
+The secret is a number in ``1..2^d - 1`` (``difficulty`` d, default 4: 1..15); the policy has ``d + 2`` guesses
+(bisection needs ``d``). Each wrong guess is answered ``higher`` or ``lower`` (``?`` for a turn that is not
 a number) and costs 0.1 (a per-turn reward of -0.1); the verifier gives 1 for a solved game. So a trajectory
 earns ``1 - 0.1 x wrong guesses`` when it finds the secret and ``-0.1 x guesses`` when it does not: success
 first, then fewer turns.
 
-The built-in model's warm start plays games with three habits: counting up from the bottom (``1, 2, 3, ...``:
-it solves only small secrets), guessing at random among the numbers the feedback still allows, and bisecting.
-Counting up is the most frequent, so greedy decoding counts up and solves a quarter of the games at first; RL
-can learn from the feedback which habit wins.
+The built-in model's warm start plays games with two habits, half and half: counting up from the bottom
+(``1, 2, 3, ...``: it solves secrets up to 6 only, in 5 turns per game on average) and guessing at random among the
+numbers the feedback still allows (92% solved, 3.95 turns). Greedy decoding counts up (6 of the 15 held-out games).
+No warm-start game bisects: RL has to find that guesses near the middle of what is left solve more games in fewer
+turns (bisection solves every game, in 3.27 turns on average).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from grpoplus.envs.base import ENVS
 from grpoplus.tasks.base import TASKS, Example
 
 TURN_COST = 0.1
-HABITS = (("count", 0.45), ("random", 0.25), ("bisect", 0.30))  # the warm start's games, by share
+HABITS = (("count", 0.5), ("random", 0.5))  # the warm start's games, by share
 _SPLIT = re.compile(r"=> [^\n]*\n")  # CHAR_MARKUP around any observation
 
 
@@ -40,7 +41,7 @@ def last_guess(transcript: str) -> int | None:
 class GuessNumber:
     """One game: ``reset(answer=secret)``, then ``step(guess_text)`` until solved or out of guesses."""
 
-    def __init__(self, answer, guesses: int = 4):
+    def __init__(self, answer, guesses: int = 6):
         self.secret, self.left = int(answer), guesses
 
     def reset(self, **row) -> None:
@@ -62,6 +63,7 @@ class GuessTask:
 
     name = "guess"
     env = "guess"  # the environment its rows are played in (data.env)
+    sft_version = 2  # bump when the warm-start games change (it names the warm-start cache)
 
     def __init__(self, difficulty: int = 4, seed: int = 0, size: int = 2000):
         if not 1 <= difficulty <= 7:
@@ -74,7 +76,7 @@ class GuessTask:
             "test": [self._example(prompt, s, f"test-{s}") for s in range(1, self.high + 1)]}
 
     def _example(self, prompt: str, secret: int, problem_id: str) -> Example:
-        return Example(prompt, str(secret), {"guesses": self.difficulty, "problem_id": problem_id})
+        return Example(prompt, str(secret), {"guesses": self.difficulty + 2, "problem_id": problem_id})
 
     def split(self, name: str) -> list[Example]:
         return self._splits[name]
@@ -86,9 +88,9 @@ class GuessTask:
     def sft_episode(self, example: Example, rng: random.Random) -> list[tuple[str, str | None]]:
         """A warm-start game of one habit: (turn text, observation text or None) per turn."""
         habit = rng.choices([h for h, _ in HABITS], [w for _, w in HABITS])[0]
-        env, lo, hi, turns = GuessNumber(example.answer, self.difficulty), 1, self.high, []
+        env, lo, hi, turns = GuessNumber(example.answer, example.fields["guesses"]), 1, self.high, []
         while True:
-            guess = lo if habit == "count" else rng.randint(lo, hi) if habit == "random" else (lo + hi) // 2
+            guess = lo if habit == "count" else rng.randint(lo, hi)
             obs, _, done, _ = env.step(str(guess))
             turns.append((str(guess), None if done else obs))
             if done:

@@ -88,6 +88,9 @@ def warmstart_recipe(
     )
     if eval_seed is not None and eval_seed != seed:
         recipe["eval_seed"] = eval_seed
+    games = getattr(TASKS.get(task), "sft_version", None)  # a multi-turn task's own version of its warm-start games
+    if games is not None:
+        recipe["games"] = games
     return recipe
 
 

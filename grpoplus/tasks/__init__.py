@@ -6,11 +6,15 @@ Importing this package registers the built-in tasks (``arithmetic``, ``countdown
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 
 from grpoplus.envs import guess  # noqa: F401  (registers the built-in multi-turn task)
 from grpoplus.tasks import arithmetic, countdown, wordproblems  # noqa: F401  (registers the built-in tasks)
 from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
+
+if importlib.util.find_spec("reasoning_gym") is not None:  # the optional extra (grpoplus[envs]) is installed
+    from grpoplus.tasks import reasoning_gym  # noqa: F401  (registers reasoning_gym; imports the package on first use)
 
 
 def get_task(name: str, **kwargs) -> Task:

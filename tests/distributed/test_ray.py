@@ -155,3 +155,11 @@ def test_roles_that_cannot_fit_the_cluster_are_an_error_before_any_actor_starts(
                                       "learner.device=cuda", *SMALL])
     with pytest.raises(ValueError, match="need 3 GPUs .* but the Ray cluster has 0"):
         train(cfg)
+
+
+def test_multi_turn_rollouts_on_a_ray_worker_train_exactly_like_one_process(short_turns_dir, tmp_path):
+    local = _run(short_turns_dir, tmp_path / "local", "task=guess")
+    assert all(r["env/obs_token_frac"] > 0 for r in local[1:])  # environment tokens in every batch
+    on_ray = _run(short_turns_dir, tmp_path / "ray", "task=guess", "cluster=ray", "rollout.workers=1",
+                  "learner.data_parallel=2")
+    assert on_ray == local

@@ -170,3 +170,19 @@ def ckpt_steps(run) -> list[int]:
     from grpoplus.learner.checkpoint import list_checkpoints
 
     return [int(p.name.split("-")[1]) for p in list_checkpoints(run)]
+
+
+def test_multi_turn_runs_train_on_two_ranks_exactly_like_one_process_and_asynchronously(short_turns_dir, tmp_path):
+    common = ["--task", "guess", "--model", short_turns_dir, "max_steps=3", "eval_every=3", *SMALL]
+    one, two, ahead = tmp_path / "one", tmp_path / "two", tmp_path / "async"
+    assert _cli(["--out", str(one), *common]).returncode == 0
+    records = read_metrics(one)
+    assert all(r["env/obs_token_frac"] > 0 for r in records[1:])  # environment tokens in every batch
+    run = _cli(["--out", str(two), *common, "data_parallel=2"])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _comparable(read_metrics(two)) == _comparable(records)
+    assert _same(_weights(two, 3), _weights(one, 3))
+    run = _cli(["--out", str(ahead), *common, "max_staleness=1"])
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = [r for r in read_metrics(ahead) if r["step"] > 0]
+    assert all(r["async/staleness_max"] <= 1 and r["env/turns_mean"] >= 1 for r in steps)

@@ -190,3 +190,41 @@ def test_an_engine_leaves_the_processs_thread_count_alone(name, engines):
         assert torch.get_num_threads() == threads + 1
     finally:
         torch.set_num_threads(threads)
+
+
+class _Echo:
+    """A two-turn environment: answers the first turn with a fixed observation."""
+
+    def __init__(self, **row):
+        self.turns = 0
+
+    def reset(self, **row):
+        return None
+
+    def step(self, action):
+        self.turns += 1
+        return "=> ok", 0.0, self.turns == 2, {}
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_multi_turn_trajectories_continue_from_the_ids_they_hold(name, engines, trained, tok):
+    """Each turn is sampled from the trajectory's ids as they are (interior EOS and observation ids included):
+    the learner, teacher-forcing the whole trajectory, gets the engine's own log-prob for every sampled token."""
+    from grpoplus.envs.episodes import EpisodeLimits, run_episodes
+    from grpoplus.envs.render import observation_ids
+
+    engine = engines(name)
+    rows = [{"prompt": p, "answer": ""} for p in PROMPTS]
+    r, m = run_episodes(engine, tok, _Echo, rows, SamplingParams(n=2, max_new_tokens=12),
+                        EpisodeLimits(max_turns=3, timeout_s=10.0, max_context=128), seeded(5))
+    assert m["env/ended/done"] > 0, "the fixture model should end some turns with EOS"
+    obs = observation_ids(tok, "=> ok")
+    for row in range(r.response_ids.shape[0]):
+        if len(r.turn_ends[row]) == 2:  # turn 1, its EOS, the observation's ids exactly, then turn 2
+            end = r.turn_ends[row][0]
+            assert r.response_ids[row, end].item() == tok.eos_token_id
+            assert r.response_ids[row, end + 1:end + 1 + len(obs)].tolist() == obs
+    logp, _ = response_logprobs_from_rollouts(trained, r)
+    sampled = r.model_mask > 0
+    assert (logp[sampled] - r.logp_roll[sampled]).abs().max() < KERNEL_GAP[name]
+    assert (r.logp_roll[~sampled] == 0).all()
