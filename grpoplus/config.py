@@ -73,6 +73,9 @@ class DataConfig:
     """Built-in task (arithmetic, countdown) or, with `data`, the name shown in logs."""
     difficulty: int | None = None
     """Difficulty knob of the built-in task (None = the task's default)."""
+    task_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the built-in task's factory, beside seed and difficulty (e.g. {dataset: chain_sum}
+    for task=reasoning_gym: a reasoning-gym procedural data set, scored by its own verifier)."""
     data: str | None = None
     """JSONL / JSON / Parquet file or saved `datasets` directory of prompts with answers."""
     eval_data: str | None = None

@@ -128,7 +128,7 @@ def builtin_tasks(cfg: Config) -> tuple | None:
     d = cfg.data
     if d.data is not None:
         return None
-    kwargs = {} if d.difficulty is None else {"difficulty": d.difficulty}
+    kwargs = dict(d.task_kwargs, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
     task = get_task(d.task, seed=cfg.run.seed, **kwargs)
     return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
 

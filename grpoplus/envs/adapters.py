@@ -1,14 +1,13 @@
 """What a ``data.env`` factory may return, and how each kind is recognised (in this order):
 
-1. an object with ``step``: a native environment (:mod:`grpoplus.envs.base`) or a Gymnasium-style text
+1. a kind a registered adapter recognises (:data:`ADAPTERS`: OpenEnv environments and clients, textarena games),
+   wrapped by it (first: those objects have a ``step`` too, taking other arguments);
+2. an object with ``step``: a native environment (:mod:`grpoplus.envs.base`) or a Gymnasium-style text
    environment (``reset`` answering ``(observation, info)``, ``step`` answering ``(observation, reward,
    terminated, truncated, info)``), played as it is;
-2. a kind a registered adapter recognises (:data:`ADAPTERS`: OpenEnv environments and clients, textarena games),
-   wrapped by it;
 3. a list of functions: tools (:class:`~grpoplus.envs.tools.ToolEnv`);
 4. any other object with public methods: a TRL-style tool environment (``reset(**row)``, its public methods the
-   tools, an optional ``get_reward()``), wrapped as a :class:`~grpoplus.envs.tools.ToolEnv`.
-"""
+   tools, an optional ``get_reward()``), wrapped as a :class:`~grpoplus.envs.tools.ToolEnv`."""
 
 from __future__ import annotations
 

@@ -62,3 +62,15 @@ def test_the_final_answer_rule_and_the_errors():
         get_task("reasoning_gym")
     with pytest.raises(ValueError, match="unknown data set 'no_such'"):
         get_task("reasoning_gym", dataset="no_such")
+
+
+def test_a_reasoning_gym_data_set_trains_from_the_command_line(nano_dir, tmp_path):
+    from grpoplus.cli import main
+    from grpoplus.metrics import read_metrics
+
+    out = tmp_path / "rg"
+    assert main(["train", "--model", nano_dir, "--out", str(out), "task=reasoning_gym",
+                 "task_kwargs={dataset: chain_sum, size: 64}", "chat_template=false", "max_steps=1",
+                 "prompts_per_step=2", "group_size=2", "max_new_tokens=4", "eval_size=4", "eval_samples=0",
+                 "progress=false", "loggers=[]", "save_every=0"]) == 0
+    assert read_metrics(out)[-1]["step"] == 1
