@@ -28,7 +28,8 @@ from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.envs.adapters import adapt
 from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
 from grpoplus.envs.calls import Outcome, awaited, run_all
-from grpoplus.envs.render import first_prompt_ids, observation_ids
+from grpoplus.envs.drift import drifted
+from grpoplus.envs.render import first_prompt_ids, messages, observation_ids
 from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
 from grpoplus.rollout.base import check_rollouts
 
@@ -56,6 +57,9 @@ class Episode:
     reason: str | None = None
     tool_calls: int = 0
     tool_errors: int = 0
+    opening: list[dict] | None = None  # the messages the prompt was rendered from (None: raw text)
+    said: list = field(default_factory=list)  # each turn's observation as the environment gave it
+    tools: list[dict] | None = None  # the tool schemas the prompt described
 
     @property
     def used(self) -> int:
@@ -94,7 +98,9 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     rollouts = to_rollouts(trajectories, [i // params.n for i in range(len(episodes))],
                            list(prompt_index) if prompt_index is not None else list(range(len(rows))),
                            engine.pad_id, policy_version=min(versions, default=getattr(engine, "version", 0)))
-    return rollouts, dict(episode_metrics(episodes), **{"time/env_s": env_s})
+    metrics = dict(episode_metrics(episodes), **{"time/env_s": env_s})
+    metrics["env/retokenize_drift"] = sum(drifted(tokenizer, e) for e in episodes) / len(episodes)
+    return rollouts, metrics
 
 
 def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bool) -> list[Episode]:
@@ -110,9 +116,11 @@ def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bo
     episodes = []
     for row, env, r in zip(rows, envs, resets):
         tools = getattr(env, "tool_schemas", None)
-        prompt = (first_prompt_ids(tokenizer, r.value, tools) if r.ok else None) or (
-            first_prompt_ids(tokenizer, row["prompt"], tools) if chat else tokenizer(row["prompt"])["input_ids"])
-        episode = Episode(env, prompt)
+        opening = messages(r.value) if r.ok else []
+        if not opening and chat:
+            opening = messages(row["prompt"])
+        prompt = first_prompt_ids(tokenizer, opening, tools) if opening else tokenizer(row["prompt"])["input_ids"]
+        episode = Episode(env, prompt, opening=opening or None, tools=tools)
         if not r.ok:
             episode.reason = _failure(r, "reset")
         episodes.append(episode)
@@ -181,6 +189,7 @@ def _step(tokenizer, live: list[Episode], limits: EpisodeLimits) -> None:
             e.reason = "context"
         else:
             e.turns[-1].observation = obs
+            e.said.append(result.observation)
 
 
 _WARNED: set[str] = set()

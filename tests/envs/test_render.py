@@ -50,3 +50,28 @@ def test_the_character_model_reads_the_markup():
     tok = char_tokenizer()
     assert tok.decode(observation_ids(tok, ["a", "b"])) == CHAR_MARKUP.format(text="a\nb")
     assert first_prompt_ids(tok, None) is None and first_prompt_ids(tok, "go") == tok("go")["input_ids"]
+
+
+def _episode(tok, said_text: str, sampled_text: str):
+    from grpoplus.envs.episodes import Episode
+    from grpoplus.envs.trajectory import Turn
+
+    opening = [{"role": "user", "content": "guess"}]
+    sampled = tok(sampled_text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    e = Episode(None, first_prompt_ids(tok, opening), opening=opening)
+    e.turns = [Turn(sampled, [0.0] * len(sampled), observation_ids(tok, said_text)), Turn(sampled, [0.0] * len(sampled))]
+    e.said = [said_text]
+    return e
+
+
+def test_retokenize_drift_is_what_re_rendering_the_conversation_would_change(chat_tok):
+    from grpoplus.envs.drift import drifted
+
+    assert not drifted(chat_tok, _episode(chat_tok, "lower", " 8 "))  # an appending template: the same ids
+    trimming = char_tokenizer()
+    trimming.chat_template = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    assert not drifted(trimming, _episode(trimming, "lower", "8"))
+    assert drifted(trimming, _episode(trimming, "lower", " 8 "))  # re-rendering would drop the sampled spaces
+    plain = char_tokenizer()  # no template: the text tokenized again (exact for the character tokenizer)
+    e = _episode(plain, "lower", "8")
+    assert not drifted(plain, e)

@@ -1,0 +1,41 @@
+"""``env/retokenize_drift``: would re-rendering a trajectory give other ids than the ones it holds?
+
+The trajectories are never re-tokenized (each turn continues from the ids sampled so far), so nothing here changes
+training: it measures what a framework that re-renders the conversation between turns would train on instead
+(TRL #5224, verl #3720). A chat model's conversation (the opening messages, each turn's text as an assistant
+message, each observation) is rendered again by its chat template and tokenized; without a template the
+trajectory's text is tokenized again. A trajectory drifts when its ids are not a prefix of the re-rendered ones: a
+template that edits what it writes (e.g. trims the assistant's text), or text whose tokenization across a turn
+boundary differs from the ids sampled.
+"""
+
+from __future__ import annotations
+
+from grpoplus.envs.render import _roles_known, has_template, messages
+
+
+def drifted(tokenizer, episode) -> bool:
+    """Whether re-rendering ``episode`` (a :class:`grpoplus.envs.episodes.Episode`) gives other ids."""
+    ids = episode.context()
+    if has_template(tokenizer) and episode.opening is not None:
+        msgs = list(episode.opening)
+        for k, turn in enumerate(episode.turns):
+            msgs.append({"role": "assistant", "content": tokenizer.decode(turn.sampled, skip_special_tokens=True)})
+            if k < len(episode.said):
+                msgs += messages(episode.said[k])
+        text = tokenizer.apply_chat_template(_roles_known(tokenizer, _system_merged(msgs, episode, tokenizer)),
+                                             tools=episode.tools, tokenize=False)
+    else:
+        text = tokenizer.decode(ids)
+    again = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return again[:len(ids)] != ids
+
+
+def _system_merged(msgs: list[dict], episode, tokenizer) -> list[dict]:
+    """The opening as the prompt was rendered: tools described in a system message when the template takes none."""
+    from grpoplus.envs.render import _takes_tools, _with_system
+    from grpoplus.envs.tools import tools_system_text
+
+    if episode.tools and not _takes_tools(tokenizer):
+        return _with_system(msgs, tools_system_text(episode.tools))
+    return msgs
