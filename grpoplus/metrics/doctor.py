@@ -302,7 +302,10 @@ def check_length_explosion(trace: Trace, th: DoctorThresholds, info: Mapping) ->
 @CHECKS.register("incorrect_longer")
 def check_incorrect_longer(trace: Trace, th: DoctorThresholds, info: Mapping) -> Finding | None:
     """Wrong answers grow longer than right ones: GRPO's per-sequence normalisation favours
-    long wrong answers (Dr. GRPO, Liu et al. 2025, section 3.1)."""
+    long wrong answers (Dr. GRPO, Liu et al. 2025, section 3.1). Silent on a multi-turn run: a failed episode is
+    longer because it ran out of turns, not because a long answer was rewarded."""
+    if trace.has("env/turns_mean"):
+        return None
     bad = trace.get("length/incorrect_mean").finite()
     good = trace.get("length/correct_mean").finite()
     common = set(bad.steps.tolist()) & set(good.steps.tolist())

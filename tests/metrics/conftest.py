@@ -207,6 +207,12 @@ def routing_mismatch_trace(level: float = 0.2, layers: int = 8) -> list[dict]:
     return records
 
 
+def _env_metrics(records: list[dict]) -> list[dict]:
+    for r in records:
+        r["env/turns_mean"] = 3.0
+    return records
+
+
 def multi_turn_trace(**levels) -> list[dict]:
     """A healthy multi-turn run (most trajectories end done, few tool errors), with ``levels`` overriding env/*
     metrics from step 0 on (``tool_errors`` may be a function of the step)."""
@@ -244,6 +250,8 @@ TRACES = {
                      {"env_failures"}),
     "tool_errors": (lambda: multi_turn_trace(**{"env/tool_errors": lambda t: 5.0 + t}), {"tool_errors"}),
     "observation_crowding": (lambda: multi_turn_trace(**{"env/ended/context": 0.3}), {"observation_crowding"}),
+    # failed games run out of turns: longer wrong trajectories are no length bias there
+    "multi_turn_incorrect_longer": (lambda: _env_metrics(incorrect_longer_trace()), set()),
 }
 
 

@@ -24,7 +24,7 @@ def test_every_finding_code_is_a_registered_check():
     assert set(CHECKS.names()) == CODES
 
 
-@pytest.mark.parametrize("name", sorted(CODES | {"healthy", "healthy_multi_turn"}))
+@pytest.mark.parametrize("name", sorted(CODES | {"healthy", "healthy_multi_turn", "multi_turn_incorrect_longer"}))
 def test_each_trace_produces_exactly_its_findings(traces, name):
     make, expected = traces.TRACES[name]
     # the default setup: a clip loss with one update per rollout batch
