@@ -12,24 +12,14 @@ from grpoplus.envs.base import StepResult
 from grpoplus.envs.episodes import EpisodeLimits, run_episodes
 from grpoplus.envs.render import CHAR_MARKUP, observation_ids
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
-from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.hf import HFEngine
 
 ROWS = [{"prompt": "12+3=", "answer": "15"}, {"prompt": "7-2=", "answer": "5"}]
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    """The untrained nano model, whose turns end at any digit, vowel or space too (a turn ends in a few tokens)."""
-    model = tiny_model(tok, size="nano", seed=0)
-    model.generation_config.eos_token_id = [tok.eos_token_id] + tok.convert_tokens_to_ids(list("0123456789aeiou "))
-    return model
+def model(short_turns):
+    return short_turns()
 
 
 @pytest.fixture(scope="module")

@@ -46,14 +46,13 @@ def test_held_out_games_are_every_secret_and_never_in_training():
 
 
 def test_rl_raises_the_success_rate_of_the_warm_started_model(tmp_path, monkeypatch):
-    """About 100 s on 2 cores: the warm start (about 55 s), then 30 steps. The README's three seeds went from
-    26.7% greedy success (the count-up habit) to 100% by step 30."""
+    """About 3 minutes on 2 cores: the warm start (about 110 s), then 30 steps. The README's three seeds went from
+    6 of the 15 held-out games (greedy counts up) in 5.0 turns to 14 or 15 in 3.5 to 3.8 turns by step 30."""
     monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path / "cache"))
     cfg = build_config("dapo", overrides=["task=guess", f"out={tmp_path / 'run'}", "max_steps=30", "eval_every=30",
                                           "eval_samples=0", "save_every=0", "progress=false", "loggers=[]",
                                           "doctor_every=0"])
     records = train(cfg)
-    assert abs(records[0]["eval/accuracy"] - 4 / 15) < 1e-6  # greedy counts up: secrets 1..4 only
-    assert records[-1]["eval/accuracy"] >= 0.6, records[-1]["eval/accuracy"]
-    assert records[-1]["reward/accuracy"] > records[1]["reward/accuracy"] + 0.2
-    assert records[-1]["eval/turns_mean"] < records[0]["eval/turns_mean"]
+    assert abs(records[0]["eval/accuracy"] - 6 / 15) < 1e-6 and records[0]["eval/turns_mean"] == 5.0  # counts up
+    assert records[-1]["eval/accuracy"] >= 0.8, records[-1]["eval/accuracy"]
+    assert records[-1]["eval/turns_mean"] <= 4.2, records[-1]["eval/turns_mean"]

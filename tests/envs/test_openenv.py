@@ -20,8 +20,6 @@ from grpoplus.containers import SamplingParams  # noqa: E402
 from grpoplus.envs.adapters import adapt  # noqa: E402
 from grpoplus.envs.episodes import EpisodeLimits, run_episodes  # noqa: E402
 from grpoplus.envs.openenv import OpenEnv, observation_text  # noqa: E402
-from grpoplus.models.tiny import tiny_model  # noqa: E402
-from grpoplus.models.tokenizer import char_tokenizer  # noqa: E402
 from grpoplus.rollout.hf import HFEngine  # noqa: E402
 
 ROWS = [{"prompt": "12+3=", "answer": "15"}, {"prompt": "7-2=", "answer": "5"}]
@@ -77,16 +75,8 @@ class EchoClient(EnvClient[Say, Heard, State]):
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def engine(tok):
-    """The untrained nano model, whose turns end at any digit, vowel or space too (a turn ends in a few tokens)."""
-    model = tiny_model(tok, size="nano", seed=0)
-    model.generation_config.eos_token_id = [tok.eos_token_id] + tok.convert_tokens_to_ids(list("0123456789aeiou "))
-    return HFEngine(model, tok)
+def engine(tok, short_turns):
+    return HFEngine(short_turns(), tok)
 
 
 @pytest.fixture(scope="module")

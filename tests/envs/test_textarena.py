@@ -16,24 +16,15 @@ from grpoplus.envs.adapters import adapt  # noqa: E402
 from grpoplus.envs.base import env_factory  # noqa: E402
 from grpoplus.envs.episodes import REASONS, EpisodeLimits, run_episodes  # noqa: E402
 from grpoplus.envs.textarena import TextArenaGame, game  # noqa: E402
-from grpoplus.models.tiny import tiny_model  # noqa: E402
-from grpoplus.models.tokenizer import char_tokenizer  # noqa: E402
 from grpoplus.rollout.hf import HFEngine  # noqa: E402
 
 HANOI = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]  # 3 disks from A to C in 7 moves
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def engine(tok):
-    """The untrained nano model (turns end at any digit, vowel or space too), with room for a game's rules."""
-    model = tiny_model(tok, size="nano", seed=0, max_position_embeddings=2048)
-    model.generation_config.eos_token_id = [tok.eos_token_id] + tok.convert_tokens_to_ids(list("0123456789aeiou "))
-    return HFEngine(model, tok)
+def engine(tok, short_turns):
+    """The nano model that takes short turns, with room for a game's rules."""
+    return HFEngine(short_turns(max_position_embeddings=2048), tok)
 
 
 @pytest.mark.parametrize("game_id, rules", [("GuessTheNumber-v0", "Guess The Number"),
