@@ -45,11 +45,23 @@ def schema(fn: Callable) -> dict:
 
 
 def tools_system_text(schemas: list[dict]) -> str:
-    """The system message that describes the tools and the call format to a template that cannot."""
-    listed = "\n".join(json.dumps(s["function"] if "function" in s else s) for s in schemas)
+    """The system message that describes the tools and the call format (with an example call of the first tool)
+    to a template that cannot."""
+    functions = [s.get("function", s) for s in schemas]
+    listed = "\n".join(json.dumps(f) for f in functions)
     return ("You can call these tools:\n" + listed + "\nTo call a tool, write "
-            '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>; its result comes back '
-            "in the next message. When you are done, answer without a tool call.")
+            '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>, for example '
+            f"<tool_call>{json.dumps(_example_call(functions[0]))}</tool_call>. Its result comes back in the next "
+            "message. When you are done, answer without a tool call.")
+
+
+def _example_call(function: dict) -> dict:
+    """A call of ``function`` with a placeholder value of the right JSON type for each required argument."""
+    placeholders = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+    properties = function.get("parameters", {}).get("properties", {})
+    required = function.get("parameters", {}).get("required", list(properties))
+    return {"name": function["name"],
+            "arguments": {k: placeholders.get(properties[k].get("type"), "...") for k in required if k in properties}}
 
 
 def parse_calls(text: str) -> list[tuple[str, dict] | str]:
