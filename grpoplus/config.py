@@ -155,6 +155,10 @@ class RolloutConfig:
     env_timeout_s: float = 30.0
     """Multi-turn: longest one environment call (reset, step, close) may take; the trajectory then ends, counted in
     env/ended/timeout."""
+    env_patience_s: float = 2.0
+    """Multi-turn: once some environments of a round have answered, how long the round waits for the others before
+    the answered trajectories take their next turn (a straggler joins a later round). Environments that all answer
+    within it give reproducible runs."""
 
 
 @dataclass
@@ -564,9 +568,10 @@ def _check(cfg: Config) -> None:
 def _check_env(cfg: Config) -> None:
     """The multi-turn limits, and an environment that exists (named before anything loads)."""
     r = cfg.rollout
-    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0:
+    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0 or r.env_patience_s < 0:
         raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
-                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s})")
+                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
+                         f"env_patience_s >= 0 (got {r.env_patience_s})")
     if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None:
         raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
                          " set data.env (or data.tools), or algo.turn_credit=off")

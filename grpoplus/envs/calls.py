@@ -1,11 +1,10 @@
 """Environment calls run side by side, each with a deadline, none able to hang the run.
 
-Every call of a round (one ``reset``, ``step`` or ``close`` per live trajectory) starts at once in a daemon
-thread of its own; a coroutine (an ``async def`` method) is awaited on one shared event loop. The round waits
-until every call has answered or its deadline has passed: a call still running then is a timeout, its thread is
-abandoned (a daemon: it cannot keep the process from exiting) and its late answer ignored. So a slow
-environment costs the round its own time, not the sum of every environment's, and a hung one costs the
-deadline.
+Every call (a ``reset``, ``step`` or ``close`` of one trajectory's environment) starts at once in a daemon thread
+of its own; a coroutine (an ``async def`` method) is awaited on one shared event loop. A call still running at its
+deadline is a timeout: its thread is abandoned (a daemon: it cannot keep the process from exiting) and its late
+answer ignored. :func:`run_all` waits for a whole round; :class:`InFlight` lets the episodes go on without a
+straggler, which answers into a later round.
 """
 
 from __future__ import annotations
@@ -79,3 +78,48 @@ def run_all(calls: list[Callable[[], Any]], timeout_s: float) -> list[Outcome]:
         outcomes[i] = outcome
         pending -= 1
     return [Outcome(timed_out=True) if o is None else o for o in outcomes]
+
+
+class InFlight:
+    """Step calls in flight across rounds, keyed by trajectory: each keeps its own deadline."""
+
+    def __init__(self):
+        self.answers: queue.Queue = queue.Queue()
+        self.deadlines: dict[int, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.deadlines)
+
+    def start(self, key: int, fn: Callable[[], Any], timeout_s: float) -> None:
+        self.deadlines[key] = time.monotonic() + timeout_s
+
+        def worker() -> None:
+            try:
+                self.answers.put((key, Outcome(value=_call(fn))))
+            except BaseException as err:  # noqa: BLE001 - an environment's failure is the trajectory's outcome
+                self.answers.put((key, Outcome(error=err)))
+
+        threading.Thread(target=worker, name=f"grpoplus-env-{key}", daemon=True).start()
+
+    def wait(self, patience_s: float) -> dict[int, Outcome]:
+        """The answers of this round: every call in flight, or once ``patience_s`` has passed with at least one
+        answer in, those that answered (the others stay in flight); a call past its deadline is a timeout."""
+        start, got = time.monotonic(), {}
+        while len(got) < len(self.deadlines):
+            now = time.monotonic()
+            overdue = [k for k, d in self.deadlines.items() if k not in got and d <= now]
+            got.update({k: Outcome(timed_out=True) for k in overdue})
+            if got and (len(got) == len(self.deadlines) or now >= start + patience_s):
+                break
+            limit = min(d for k, d in self.deadlines.items() if k not in got)
+            if got:
+                limit = min(limit, start + patience_s)
+            try:
+                key, outcome = self.answers.get(timeout=max(0.0, limit - now))
+            except queue.Empty:
+                continue
+            if key in self.deadlines and key not in got:  # a late answer of a timed-out call is ignored
+                got[key] = outcome
+        for key in got:
+            del self.deadlines[key]
+        return got

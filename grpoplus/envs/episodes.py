@@ -2,6 +2,13 @@
 environments answer concurrently, their observations are appended as ids, and ended trajectories leave the
 batch (ALGORITHMS.md section 12).
 
+Rounds: the trajectories whose environments have answered take their next turn together. A round waits for every
+step in flight while they answer promptly; once ``patience_s`` has passed with some answered, those go on and a
+straggler keeps running (its own deadline is ``timeout_s``) and joins a later round when it answers. So a slow
+tool delays the others by at most ``patience_s``, and a run whose environments all answer within it samples the
+same batches, the same way, every time (reproducible); a straggler makes which turns are sampled together depend
+on timing.
+
 Every trajectory owns its environment, made from its data row; ``G`` trajectories share a prompt (a group).
 A trajectory ends, with the reason recorded (``env/ended/<reason>``), when
 
@@ -27,7 +34,7 @@ import torch
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.envs.adapters import adapt
 from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
-from grpoplus.envs.calls import Outcome, awaited, run_all
+from grpoplus.envs.calls import InFlight, Outcome, awaited, run_all
 from grpoplus.envs.drift import drifted
 from grpoplus.envs.render import first_prompt_ids, messages, observation_ids
 from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
@@ -44,6 +51,7 @@ class EpisodeLimits:
     max_turns: int = 8
     max_tokens: int = 0  # sampled + observation tokens after the prompt (0: no budget beyond max_turns)
     timeout_s: float = 30.0  # per reset / step / close call
+    patience_s: float = 2.0  # once some steps of a round answered, how long the round waits for the others
     max_context: int = 1024  # prompt + response must fit the engine's context
 
 
@@ -81,16 +89,18 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     env_s = time.perf_counter() - t0
     turn = replace(params, n=1)
     versions = []  # the policy version of every turn's sampler: the trajectories carry the oldest
-    for _ in range(limits.max_turns):
-        live = [e for e in episodes if e.reason is None]
-        if not live:
+    steps = InFlight()
+    while True:
+        ready = _ready(episodes, steps, limits)
+        if ready:
+            versions += _sample_turn(engine, tokenizer, [e for _, e in ready], turn, limits, generator)
+            _start_steps(steps, tokenizer, [(i, e) for i, e in ready if e.reason is None], limits)
+        if not len(steps):
             break
-        versions += _sample_turn(engine, tokenizer, live, turn, limits, generator)
         t1 = time.perf_counter()
-        _step(tokenizer, [e for e in live if e.reason is None], limits)
+        for i, outcome in steps.wait(limits.patience_s).items():
+            _answer(tokenizer, episodes[i], outcome, limits)
         env_s += time.perf_counter() - t1
-    for e in episodes:
-        e.reason = e.reason or "max_turns"
     t2 = time.perf_counter()
     run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
     env_s += time.perf_counter() - t2
@@ -162,34 +172,52 @@ def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams,
     return [out.policy_version]
 
 
-def _step(tokenizer, live: list[Episode], limits: EpisodeLimits) -> None:
-    """Every live environment answers its trajectory's last turn, concurrently."""
-    actions = [tokenizer.decode(e.turns[-1].sampled, skip_special_tokens=True) for e in live]
-    outcomes = run_all([lambda e=e, a=a: as_step(awaited(e.env.step(a))) for e, a in zip(live, actions)], limits.timeout_s)
-    for e, outcome in zip(live, outcomes):
-        if not outcome.ok:
-            e.reason = _failure(outcome, "step")
+def _ready(episodes: list[Episode], steps: InFlight, limits: EpisodeLimits) -> list[tuple[int, Episode]]:
+    """The live trajectories whose environment has answered: they take their next turn (or end at max_turns)."""
+    ready = []
+    for i, e in enumerate(episodes):
+        if e.reason is not None or i in steps.deadlines:
             continue
-        result = outcome.value
-        e.turns[-1].reward = None if result.reward is None else float(result.reward)
-        e.tool_calls += int(result.info.get("tool_calls", 0))
-        e.tool_errors += int(result.info.get("tool_errors", 0))
-        if result.done:
-            e.reason = "done"
-            continue
-        try:
-            obs = observation_ids(tokenizer, result.observation)
-        except ValueError as err:
-            e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step")
-            continue
-        room = limits.max_context - len(e.context())
-        if limits.max_tokens:
-            room = min(room, limits.max_tokens - e.used)
-        if len(obs) >= room:  # no room left for the observation and a next turn
-            e.reason = "context"
+        if len(e.turns) >= limits.max_turns:
+            e.reason = "max_turns"
         else:
-            e.turns[-1].observation = obs
-            e.said.append(result.observation)
+            ready.append((i, e))
+    return ready
+
+
+def _start_steps(steps: InFlight, tokenizer, started: list[tuple[int, Episode]], limits: EpisodeLimits) -> None:
+    """Each environment starts answering its trajectory's last turn (in flight until it answers)."""
+    for i, e in started:
+        action = tokenizer.decode(e.turns[-1].sampled, skip_special_tokens=True)
+        steps.start(i, lambda e=e, a=action: as_step(awaited(e.env.step(a))), limits.timeout_s)
+
+
+def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits) -> None:
+    """What an environment answered to the trajectory's last turn: the turn's reward, then the end of the episode
+    or the observation appended (if there is room for it and a next turn)."""
+    if not outcome.ok:
+        e.reason = _failure(outcome, "step")
+        return
+    result = outcome.value
+    e.turns[-1].reward = None if result.reward is None else float(result.reward)
+    e.tool_calls += int(result.info.get("tool_calls", 0))
+    e.tool_errors += int(result.info.get("tool_errors", 0))
+    if result.done:
+        e.reason = "done"
+        return
+    try:
+        obs = observation_ids(tokenizer, result.observation)
+    except ValueError as err:
+        e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step")
+        return
+    room = limits.max_context - len(e.context())
+    if limits.max_tokens:
+        room = min(room, limits.max_tokens - e.used)
+    if len(obs) >= room:  # no room left for the observation and a next turn
+        e.reason = "context"
+    else:
+        e.turns[-1].observation = obs
+        e.said.append(result.observation)
 
 
 _WARNED: set[str] = set()

@@ -194,3 +194,42 @@ def test_gymnasium_shaped_environments_play_and_a_first_observation_is_the_promp
 def test_the_character_markup_is_what_the_observation_ids_say(tok):
     assert tok.decode(observation_ids(tok, "higher")) == CHAR_MARKUP.format(text="higher")
     assert observation_ids(tok, None) == []
+
+
+class Slow(Echo):
+    """Takes 1 s per step: a slow tool."""
+
+    def step(self, action):
+        time.sleep(1.0)
+        return super().step(action)
+
+
+class Timed(Echo):
+    """Records when each step was called."""
+
+    def step(self, action):
+        self.called = getattr(self, "called", []) + [time.monotonic()]
+        return super().step(action)
+
+
+def test_a_slow_environment_does_not_stall_the_others(engine, tok):
+    envs = []
+
+    def factory(**row):
+        envs.append(Slow(turns=3) if len(envs) % 2 else Timed(turns=3))
+        return envs[-1]
+
+    t0 = time.monotonic()
+    _, m = _run(engine, tok, factory, limits=EpisodeLimits(max_turns=3, timeout_s=5.0, patience_s=0.1))
+    fast = [e for e in envs if isinstance(e, Timed) and len(getattr(e, "called", [])) >= 2]
+    assert fast, "some fast trajectory should take several turns"
+    # the fast ones took their later turns while the slow ones were still answering their first (1 s)
+    assert all(e.called[1] - t0 < 1.0 for e in fast)
+    assert m["env/ended/timeout"] == 0.0  # the slow ones answered into later rounds
+
+
+def test_waiting_for_every_environment_keeps_a_run_reproducible(engine, tok):
+    patient = EpisodeLimits(max_turns=3, timeout_s=5.0, patience_s=5.0)
+    a, _ = _run(engine, tok, lambda **row: Echo(), limits=patient, seed=7)
+    b, _ = _run(engine, tok, lambda **row: Echo(), limits=patient, seed=7)
+    assert torch.equal(a.response_ids, b.response_ids)
