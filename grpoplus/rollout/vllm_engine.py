@@ -166,10 +166,14 @@ class VLLMEngine:
         check_request(prompts, params, prompt_index)
         ids, mask = encode_prompts(self.tokenizer, prompts, self.pad_id)  # [B, P]
         requests = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(ids, mask)]
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
-        sampling = VLLMParams(n=params.n, temperature=0.0 if params.greedy else params.temperature,
-                              top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
-                              logprobs=0, seed=seed, stop_token_ids=self.stop_ids, skip_special_tokens=True)
+        # a seed per request: requests with the same prompt (a group's trajectories, each continuing on its own) must
+        # not draw the same tokens
+        seeds = (torch.randint(0, 2**31 - 1, (len(requests),), generator=generator).tolist() if generator is not None
+                 else [None] * len(requests))
+        sampling = [VLLMParams(n=params.n, temperature=0.0 if params.greedy else params.temperature,
+                               top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
+                               logprobs=0, seed=seed, stop_token_ids=self.stop_ids, skip_special_tokens=True)
+                    for seed in seeds]
         outputs = run_with_timeout(lambda: self.llm.generate(requests, sampling, use_tqdm=False,
                                                              lora_request=self.lora_request),
                                    self.options.generate_timeout_s, f"generating {len(prompts)} x {params.n} samples")

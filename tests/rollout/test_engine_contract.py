@@ -228,3 +228,11 @@ def test_multi_turn_trajectories_continue_from_the_ids_they_hold(name, engines, 
     sampled = r.model_mask > 0
     assert (logp[sampled] - r.logp_roll[sampled]).abs().max() < KERNEL_GAP[name]
     assert (r.logp_roll[~sampled] == 0).all()
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_identical_prompts_in_one_request_draw_independently(name, engines):
+    """A group's trajectories continue as separate prompts (n=1 each) from the same ids: they must not draw the
+    same tokens."""
+    r = engines(name).generate(["3+4="] * 8, SamplingParams(n=1, max_new_tokens=8), generator=seeded(2))
+    assert len({tuple(row.tolist()) for row in r.response_ids}) > 1
