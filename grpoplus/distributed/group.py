@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,9 +136,22 @@ class RankGroup:
         except RuntimeError as err:
             raise self._failure(what, err) from err
 
-    def close(self) -> None:
-        if dist.is_initialized():
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Destroy the process group, within ``timeout_s``: ``destroy_process_group`` can hang now and then when the
+        run is over (pytorch#75097; seen once in a CI run here: the checkpoint written, one rank never exited), so it
+        runs in a daemon thread and a rank that waits longer says so and goes on exiting."""
+        if not dist.is_initialized():
+            return
+        done = threading.Event()
+
+        def destroy() -> None:
             dist.destroy_process_group()
+            done.set()
+
+        threading.Thread(target=destroy, name="grpoplus-destroy-group", daemon=True).start()
+        if not done.wait(timeout_s):
+            print(f"grpoplus learner rank {self.rank}: note: torch.distributed.destroy_process_group did not return "
+                  f"within {timeout_s:.0f} s after the run; exiting without it", file=sys.stderr)
 
     def _call(self, what: str, fn):
         try:
