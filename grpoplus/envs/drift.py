@@ -11,7 +11,7 @@ boundary differs from the ids sampled.
 
 from __future__ import annotations
 
-from grpoplus.envs.render import _roles_known, has_template, messages
+from grpoplus.envs.render import _roles_known, has_template, messages, with_tools
 
 
 def drifted(tokenizer, episode) -> bool:
@@ -23,19 +23,10 @@ def drifted(tokenizer, episode) -> bool:
             msgs.append({"role": "assistant", "content": tokenizer.decode(turn.sampled, skip_special_tokens=True)})
             if k < len(episode.said):
                 msgs += messages(episode.said[k])
-        text = tokenizer.apply_chat_template(_roles_known(tokenizer, _system_merged(msgs, episode, tokenizer)),
-                                             tools=episode.tools, tokenize=False)
+        msgs, tools = with_tools(tokenizer, msgs, episode.tools)  # as the prompt was rendered
+        text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tools=tools, tokenize=False)
     else:
         text = tokenizer.decode(ids)
     again = tokenizer(text, add_special_tokens=False)["input_ids"]
     return again[:len(ids)] != ids
 
-
-def _system_merged(msgs: list[dict], episode, tokenizer) -> list[dict]:
-    """The opening as the prompt was rendered: tools described in a system message when the template takes none."""
-    from grpoplus.envs.render import _takes_tools, _with_system
-    from grpoplus.envs.tools import tools_system_text
-
-    if episode.tools and not _takes_tools(tokenizer):
-        return _with_system(msgs, tools_system_text(episode.tools))
-    return msgs

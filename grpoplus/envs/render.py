@@ -57,16 +57,22 @@ def first_prompt_ids(tokenizer, obs: Observation, tools: list[dict] | None = Non
     msgs = messages(obs)
     if not msgs:
         return None
-    if tools and not _takes_tools(tokenizer):
-        from grpoplus.envs.tools import tools_system_text
-
-        msgs = _with_system(msgs, tools_system_text(tools))
-        tools = None
+    msgs, tools = with_tools(tokenizer, msgs, tools)
     if not has_template(tokenizer):
         return tokenizer(text_of(msgs))["input_ids"]
     text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tools=tools, tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def with_tools(tokenizer, msgs: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools to pass the template): the tools stay with a template that takes them, else they are
+    described in a system message and the template gets none."""
+    if not tools or _takes_tools(tokenizer):
+        return msgs, tools
+    from grpoplus.envs.tools import tools_system_text
+
+    return _with_system(msgs, tools_system_text(tools)), None
 
 
 def _with_system(msgs: list[dict], text: str) -> list[dict]:
