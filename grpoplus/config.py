@@ -95,8 +95,9 @@ class DataConfig:
     holds out), independent of run.seed so that runs of different seeds are evaluated on the same
     problems; training prompts (and the built-in model's warm start) never include a held-out one."""
     rewards: list = field(default_factory=lambda: ["task"])
-    """Reward components: `task` (the task's verifier), built-in names, `module:function`,
-    `file.py:function`, each optionally with `:weight`."""
+    """Reward components: `task` (the task's verifier), built-in names (math, format, code, reward_model:path=DIR, an
+    LLM judge:url=http://host:8000/v1, ...), `module:function`, `file.py:function`, each optionally with `:weight` and
+    `:key=value,...` parameters."""
     reward_workers: int | str = 0
     """0 = score in-process; N > 0 = process pool of N workers; auto = a pool sized to the machine
     (for slow or untrusted rewards)."""
@@ -112,6 +113,12 @@ class DataConfig:
     """Tools the policy may call in a multi-turn episode (no data.env needed): built-in calculator, python (the code
     sandbox), or `module:function` / `file.py:function` with type hints and an Args: docstring. A turn without a
     <tool_call> is the answer."""
+    prm: str | None = None
+    """Local Hugging Face dir of a process reward model (an AutoModelForTokenClassification): its score of each step of
+    a single-turn response is that step's reward for algo.turn_credit=process, their sum added to the reward (component
+    prm). None: no step rewards."""
+    prm_step_separator: str = "\n"
+    """data.prm: a step of a response ends where this text does (and the last at the response's end)."""
 
 
 @dataclass
@@ -165,6 +172,11 @@ class RolloutConfig:
 class LearnerConfig:
     model: str | None = None
     """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
+    teacher: str | None = None
+    """On-policy distillation's teacher (algo.lambda_opd, algo.distill_loss): named as `model` names the policy (a
+    local HF dir, a .gguf file, `smollm2`), loaded once where the learner runs, like the reference; or the base URL
+    of an OpenAI-compatible server that returns prompt log-probs (vLLM's: `http://host:8000/v1`, lambda_opd only).
+    Its tokenizer must be the policy's."""
     lr: float | None = None
     """AdamW peak learning rate (> 0); unset, it follows the model: 2e-4 for a toy model (under 10M parameters,
     e.g. the built-in tiny ones), 1e-6 to fully fine-tune a real one (TRL's and verl's default), 1e-5 with LoRA
@@ -495,6 +507,11 @@ def _compose(cfg: Config, given: set[str]) -> None:
               f"{r.prompts_per_step}: a mini-batch needs a whole group, and rollout.prompts_per_step="
               f"{r.prompts_per_step}")
         cfg.algo = dataclasses.replace(algo, num_minibatches=r.prompts_per_step)
+    filters = [k for k in ("dynamic_sampling", "zero_variance_filter") if getattr(cfg.algo, k) and f"algo.{k}" not in given]
+    if not cfg.algo.opd_outcome and filters:
+        _note(f"algo.{' and algo.'.join(filters)} turned off (preset {cfg.run.preset}): with algo.opd_outcome=false "
+              "the teacher's token advantage is the whole signal, and a group with no reward spread still has it")
+        cfg.algo = dataclasses.replace(cfg.algo, **{k: False for k in filters})
     rows, fitting = _rank_micro_batches(cfg)
     if "learner.micro_batch_size" not in given and fitting is not None:
         size = fitting
@@ -563,6 +580,7 @@ def _check(cfg: Config) -> None:
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
     _check_scale(cfg)
     _check_env(cfg)
+    _check_teacher(cfg)
 
 
 def _check_env(cfg: Config) -> None:
@@ -572,9 +590,11 @@ def _check_env(cfg: Config) -> None:
         raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
                          f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
                          f"env_patience_s >= 0 (got {r.env_patience_s})")
-    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None:
+    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None and cfg.data.prm is None:
         raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
-                         " set data.env (or data.tools), or algo.turn_credit=off")
+                         " set data.env (or data.tools), data.prm (step rewards of a process reward model), or "
+                         "algo.turn_credit=off")
+    _check_prm(cfg)
     if cfg.data.env is not None and cfg.data.tools:
         raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
                          "itself (a class's public methods are its tools), or drop data.env")
@@ -586,6 +606,44 @@ def _check_env(cfg: Config) -> None:
         from grpoplus.envs.tools import resolve_tools
 
         resolve_tools(cfg.data.tools)
+
+
+def _check_teacher(cfg: Config) -> None:
+    """A teacher and the switches that use it come together; a full-vocabulary loss needs the teacher's logits."""
+    from grpoplus.teacher import is_endpoint
+
+    algo, teacher = cfg.algo, cfg.learner.teacher
+    if algo.uses_teacher and teacher is None:
+        raise ValueError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
+                         "teacher: name one with learner.teacher (bare key teacher=, a model as --model names one)")
+    if teacher is not None and not algo.uses_teacher:
+        raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
+                         "token advantage) or algo.distill_loss=reverse_kl|gjsd")
+    if algo.distill_loss != "off" and is_endpoint(teacher):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
+                         f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
+    if algo.distill_loss != "off" and (cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
+                                       or algo.routing_replay != "off"):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
+                         "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
+
+
+def _check_prm(cfg: Config) -> None:
+    """A process reward model scores the steps of single-turn responses, for turn-level credit."""
+    d = cfg.data
+    if d.prm is None:
+        return
+    if cfg.algo.turn_credit not in ("process", "return_to_go"):
+        raise ValueError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
+                         "set algo.turn_credit=process")
+    if env_of(d) is not None:
+        raise ValueError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
+                         f"(environment {env_of(d)!r}): drop data.prm, or data.env / data.tools")
+    if cfg.run.cluster == "ray":
+        raise ValueError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
+                         "use cluster=local, or drop data.prm")
+    if not d.prm_step_separator:
+        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
 
 
 def _check_scale(cfg: Config) -> None:

@@ -7,6 +7,7 @@ punishment is one of its components (added by the build layer), so the logged
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +19,15 @@ from grpoplus.tasks.base import is_correct, reward_fields
 @dataclass
 class Scorer:
     """Scores rollouts of ``examples`` with ``pipeline``; ``correct_key`` names the verifier component. A multi-turn
-    trajectory's reward adds its environment's return (component ``env``)."""
+    trajectory's reward adds its environment's return (component ``env``). With a process reward model (``prm``,
+    data.prm) a single-turn response's steps are scored: they become its ``turn_rewards`` / ``turn_ends``, the step
+    rewards of ``algo.turn_credit``, and their sum is added to its reward (component ``prm``), as an environment's."""
 
     pipeline: object  # grpoplus.rewards.RewardPipeline
     examples: list
     correct_key: str = "task"
+    prm: object | None = None  # grpoplus.rewards.prm.ProcessRewardModel
+    tokenizer: object | None = None  # the policy's tokenizer: the PRM cuts steps on the sampled ids with it
 
     def __call__(self, rollouts: Rollouts) -> tuple[ScoredGroups, dict[str, float]]:
         """Returns the scored groups and the reward pipeline's metrics."""
@@ -33,12 +38,29 @@ class Scorer:
         correct = torch.tensor([is_correct(c) for c in result.components[self.correct_key]], dtype=torch.bool)
         rewards = torch.tensor(result.total, dtype=torch.float32)
         components, metrics = result.components, result.metrics
+        if self.prm is not None:
+            rollouts, prm_metrics = process_rewards(self.prm, self.tokenizer, rollouts, [ex.prompt for ex in per_row])
+            metrics = dict(metrics, **prm_metrics)
         returns = rollouts.env_returns
         if returns is not None:  # R_i = the environment's return + the pipeline's rewards (ALGORITHMS.md section 12)
             rewards = rewards + returns
-            components = dict(components, env=returns.tolist())
+            components = dict(components, **{"env" if self.prm is None else "prm": returns.tolist()})
             metrics = dict(metrics, **{"reward/mean": float(rewards.mean())})
         return ScoredGroups(rollouts, rewards, correct, components), metrics
 
     def close(self) -> None:
         self.pipeline.close()
+
+
+def process_rewards(prm, tokenizer, rollouts: Rollouts, prompts: list[str]) -> tuple[Rollouts, dict[str, float]]:
+    """``rollouts`` with the PRM's step rewards and step ends as their turn rewards and turn ends, and the
+    ``prm/*`` metrics."""
+    if rollouts.turn_rewards is not None:
+        raise ValueError("data.prm scores the steps of single-turn responses, but these rollouts are multi-turn")
+    lengths = rollouts.response_mask.sum(1).long().tolist()
+    ids = [row[:n].tolist() for row, n in zip(rollouts.response_ids, lengths)]
+    step_rewards, step_ends = prm.score(prompts, ids, tokenizer)
+    flat = [x for steps in step_rewards for x in steps]
+    metrics = {"prm/steps_mean": sum(map(len, step_ends)) / max(1, len(step_ends)),
+               "prm/step_reward_mean": sum(flat) / max(1, len(flat))}
+    return dataclasses.replace(rollouts, turn_rewards=step_rewards, turn_ends=step_ends), metrics

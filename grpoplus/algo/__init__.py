@@ -35,6 +35,14 @@ from grpoplus.algo.core import (
 )
 from grpoplus.algo.corrections import CORRECTIONS, Correction
 from grpoplus.algo.covariance import clip_cov_select, kl_cov_select, token_covariance
+from grpoplus.algo.distill import (
+    DISTILL_LOSSES,
+    generalized_jsd,
+    opd_advantages,
+    opd_metrics,
+    opd_token_kl,
+    reverse_kl,
+)
 from grpoplus.algo.entropy import EntropyControl
 from grpoplus.algo.filters import (
     dynamic_sampling_keep,
@@ -58,6 +66,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "CORRECTIONS",
+    "DISTILL_LOSSES",
     "KL_ESTIMATORS",
     "LOSSES",
     "PRESETS",
@@ -72,12 +81,16 @@ __all__ = [
     "compute_advantages_multi",
     "correction_weights",
     "dynamic_sampling_keep",
+    "generalized_jsd",
     "gfpo_select",
     "group_relative",
     "group_stats",
     "high_entropy_mask",
     "kl_cov_select",
     "kl_in_reward",
+    "opd_advantages",
+    "opd_metrics",
+    "opd_token_kl",
     "mismatch_metrics",
     "needs_token_selection",
     "overlong_filter_mask",
@@ -88,6 +101,7 @@ __all__ = [
     "return_to_go_advantages",
     "ratio_dependent",
     "reset_reference",
+    "reverse_kl",
     "select_tokens",
     "selects_tokens",
     "sequence_mean",

@@ -16,6 +16,7 @@ from typing import Any
 from grpoplus.algo.advantages import ADVANTAGES
 from grpoplus.algo.aggregation import AGGREGATIONS
 from grpoplus.algo.corrections import CORRECTIONS
+from grpoplus.algo.distill import DISTILL_LOSSES
 from grpoplus.algo.filters import overlong_cache_len
 from grpoplus.algo.kl import KL_ESTIMATORS
 from grpoplus.algo.losses import LOSSES
@@ -139,6 +140,23 @@ class AlgoConfig:
     ref_reset_optimizer: bool = False
     """Also clear the optimizer state at a hard reset (ProRL); needs ref_update_alpha = 1."""
 
+    # -- section 11: on-policy distillation (needs learner.teacher) ---------------------------------
+    lambda_opd: float = 0.0
+    """Weight of the teacher's token advantage (section 11; Thinking Machines' on-policy distillation, prime-rl
+    opd, verl distillation): A_{i,t} = A_i + lambda_opd * (-(logp_old - logp_T)), through any loss of section 2;
+    >= 0, 0 = off. Needs learner.teacher."""
+    opd_outcome: bool = True
+    """Keep the outcome advantage A_i in the opd advantage; false: the teacher's term alone (pure distillation,
+    the rewards are still scored and logged)."""
+    distill_loss: str = "off"
+    """A full-vocabulary divergence to the teacher added to the loss (section 11): off | reverse_kl (GKD,
+    arXiv:2306.13649) | gjsd (TRL's generalized_jsd_loss, beta = gjsd_beta) | a name registered in
+    DISTILL_LOSSES. Aggregated like the policy term. Needs a local learner.teacher with the policy's vocabulary."""
+    distill_coef: float = 1.0
+    """Coefficient of distill_loss in the loss; >= 0."""
+    gjsd_beta: float = 0.5
+    """beta of gjsd in [0, 1]: 0 = forward KL(teacher || student), 1 = reverse KL(student || teacher) (TRL)."""
+
     # -- section 5: training-inference mismatch ---------------------------------------------------
     corrections: tuple[str, ...] = ()
     """Rollout corrections, applied in order (section 5): tis_token | tis_seq | mis_token | mis_seq |
@@ -206,7 +224,7 @@ class AlgoConfig:
             object.__setattr__(self, "corrections", names)
         elif isinstance(self.corrections, list):
             object.__setattr__(self, "corrections", tuple(self.corrections))
-        for key in ("routing_replay", "turn_credit"):  # YAML 1.1 reads a bare `off` (CLI, config file) as false
+        for key in ("routing_replay", "turn_credit", "distill_loss"):  # YAML 1.1 reads a bare `off` (CLI, config file) as false
             if getattr(self, key) is False:
                 object.__setattr__(self, key, "off")
         self._check_types()
@@ -373,6 +391,7 @@ class AlgoConfig:
         need(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
         self._check_entropy(need)
         self._check_reference(need)
+        self._check_distill(need)
         self._check_corrections(need)
         self._check_sampling(need)
         need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
@@ -386,6 +405,20 @@ class AlgoConfig:
              f"entropy_coef_min/max must satisfy 0 <= min <= max, got {self.entropy_coef_min}/{self.entropy_coef_max}")
         need(not self.entropy_adaptive or self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max,
              f"entropy_coef={self.entropy_coef} must lie in [entropy_coef_min, entropy_coef_max] with entropy_adaptive")
+
+    def _check_distill(self, need) -> None:
+        need(self.lambda_opd >= 0, f"lambda_opd must be >= 0 (0 = off), got {self.lambda_opd}")
+        need(self.distill_loss == "off" or self.distill_loss in DISTILL_LOSSES,
+             f"distill_loss={self.distill_loss!r} is not valid; choose one of: off, {', '.join(DISTILL_LOSSES.names())}")
+        need(self.distill_coef >= 0, f"distill_coef must be >= 0, got {self.distill_coef}")
+        need(0 <= self.gjsd_beta <= 1, f"gjsd_beta must be in [0, 1], got {self.gjsd_beta}")
+        need(self.opd_outcome or self.lambda_opd > 0,
+             "opd_outcome=false drops the outcome advantage, leaving the teacher's term: set lambda_opd > 0")
+
+    @property
+    def uses_teacher(self) -> bool:
+        """True when a teacher model scores the samples (the opd advantage or a distillation loss)."""
+        return self.lambda_opd > 0 or self.distill_loss != "off"
 
     def _check_reference(self, need) -> None:
         need(self.beta >= 0, f"beta must be >= 0, got {self.beta}")

@@ -19,7 +19,7 @@ from grpoplus.build.factories import (
     build_collect_plan,
     build_lora,
     build_process,
-    build_rewards,
+    build_scorer,
     build_task_and_model,
     check_engine_routing,
     logp_old_source,
@@ -29,7 +29,7 @@ from grpoplus.learner.precision import check_precision
 from grpoplus.learner.prepare import logp_old_mode
 from grpoplus.learner.replay import check_replay
 from grpoplus.prompts import PromptSampler
-from grpoplus.scoring import Scorer
+from grpoplus.teacher import check_vocabulary
 
 
 @dataclass
@@ -68,13 +68,14 @@ def build(cfg: Config) -> Components:
     check_precision(cfg.learner.precision, cfg.learner.device)
     check_engine_routing(cfg)
     task, train, test, model, tokenizer = build_task_and_model(cfg)
+    check_vocabulary(cfg.learner.teacher, tokenizer)  # before the learner ranks load the teacher
     replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
     collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
                             torch.Generator().manual_seed(cfg.run.seed))
     if cfg.run.cluster == "ray":
         roles = place_on_ray(cfg, task, model, tokenizer, collection)
     else:
-        roles = place_local(cfg, build_lora(cfg, model), tokenizer, Scorer(build_rewards(cfg, task), train),
+        roles = place_local(cfg, build_lora(cfg, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
                             collection, replay)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner, roles.collector,

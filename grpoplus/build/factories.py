@@ -175,6 +175,20 @@ def build_rewards(cfg: Config, task):
                           timeout_s=cfg.data.reward_timeout_s)
 
 
+def build_scorer(cfg: Config, task, train: list, tokenizer):
+    """The run's scorer: the reward pipeline, and the process reward model of ``data.prm`` (on ``learner.device``)
+    whose step scores are the step rewards of ``algo.turn_credit``."""
+    from grpoplus.scoring import Scorer
+
+    prm = None
+    if cfg.data.prm is not None:
+        from grpoplus.rewards.prm import ProcessRewardModel
+
+        with phase(f"loading process reward model {cfg.data.prm}"):
+            prm = ProcessRewardModel(cfg.data.prm, step_separator=cfg.data.prm_step_separator, device=cfg.learner.device)
+    return Scorer(build_rewards(cfg, task), train, prm=prm, tokenizer=tokenizer)
+
+
 def reward_components(cfg: Config, task) -> list:
     """The configured reward components, the task verifier (weight 0 when not listed: accuracy is
     always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""

@@ -16,11 +16,13 @@ from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.replay import check_replay
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
+from grpoplus.teacher import load_teacher
 
 
 def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Module | None = None):
     """The policy with its optimizer and schedule, the frozen reference when beta > 0, and the entropy
-    bonus's coefficient; with ``learner.strategy=fsdp2`` over several ranks the policy is sharded here (rank 0
+    bonus's coefficient, and the teacher of on-policy distillation (loaded here, on every rank, like the
+    reference); with ``learner.strategy=fsdp2`` over several ranks the policy is sharded here (rank 0
     passes ``mirror``, its plain copy; the reference stays whole on every rank)."""
     from grpoplus.distributed.sharding import shard
 
@@ -31,7 +33,10 @@ def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Mo
     if is_sharded(cfg):
         shard(model, cfg.learner.precision, offload=cfg.learner.cpu_offload)
     optimizer, scheduler = build_optimizer(cfg, model)
-    return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror)
+    teacher = None if cfg.learner.teacher is None else \
+        load_teacher(cfg.learner.teacher, next(model.parameters()).device, mirror if mirror is not None else model)
+    return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror,
+                        teacher=teacher)
 
 
 def is_sharded(cfg: Config) -> bool:

@@ -47,6 +47,7 @@ class LearnerParts:
     entropy_control: A.EntropyControl  # the entropy bonus's coefficient (identical on every rank)
     mirror: torch.nn.Module | None = None  # fsdp2, rank 0: the plain whole policy engines and checkpoints read
     hooks: UpdateHooks = ONE_PROCESS  # how an update meets the other ranks (grpoplus.distributed.placement)
+    teacher: object | None = None  # on-policy distillation's teacher (grpoplus.teacher), only with learner.teacher
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -82,7 +83,7 @@ class Learner:
             self._tell("learn", (scored, step))
             return self._collective(f"the sharded update of step {step}",
                                     lambda: learn_step(p, scored, step, self.algo, self.plan))
-        batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan)
+        batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan, p.teacher)
         self._tell("update", (batch, step))
         result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan))
         metrics.update(result.metrics)
@@ -152,7 +153,8 @@ def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoC
     """One rollout batch's optimizer steps on this rank, then the reference update when it is due; with
     ``plan.release_after_update`` the memory the update freed goes back to the system (run.release_memory)."""
     result = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, algo, plan, parts.entropy_control,
-                           first_step=(step - 1) * algo.updates_per_batch, hooks=parts.hooks)
+                           first_step=(step - 1) * algo.updates_per_batch, hooks=parts.hooks,
+                           teacher=getattr(parts.teacher, "model", None))
     if parts.ref_model is not None and A.should_reset_reference(step, algo.ref_reset_every):
         A.update_reference(parts.ref_model, parts.model, algo.ref_update_alpha, parts.optimizer,
                            algo.ref_reset_optimizer)
@@ -164,7 +166,7 @@ def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoC
 def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.AlgoConfig, plan: LearnerPlan
                ) -> UpdateResult:
     """Prepare the whole batch and update, on this rank (a sharded learner's every rank runs this)."""
-    batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan)
+    batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan, parts.teacher)
     result = update_step(parts, batch, step, algo, plan)
     metrics.update(result.metrics)
     return UpdateResult(metrics, entropy if entropy is not None else result.entropy)

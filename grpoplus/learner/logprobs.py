@@ -193,23 +193,34 @@ def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, t
     return logp * mask, token_entropy(logits.detach(), temperature) * mask if with_entropy else None
 
 
-def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                  routing=None, share_prompts=False):
-    """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
+def trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask, min_response: int = 0):
+    """``(input_ids, attention_mask, position_ids, p0, t1)`` of one forward over ``cat(prompt, response)``: the
+    left prompt columns and right response columns that are padding in every row trimmed (prompt columns from
+    ``p0``, the first ``t1`` response columns, at least ``min_response`` where the batch has them; ``t1 = 0``: no
+    response token at all), positions counted as the engine counts them. The outputs at positions
+    ``P'-1 .. P'+t1-2`` predict the response tokens ``0 .. t1-1``."""
     keep_p = prompt_mask.bool().any(0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
     keep_t = response_mask.bool().any(0).nonzero()
     t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
-    n, T = response_ids.shape
-    if share_prompts == "always" and t1:  # two body passes whatever the rows (see response_logprobs)
-        t1 = max(t1, min(2, T))
-    if t1 == 0:  # no response token at all: nothing to score
-        zeros = response_mask.new_zeros(n, T, dtype=_work_dtype(next(model.parameters()).dtype))
-        return zeros, zeros.clone() if with_entropy else None
+    if t1:
+        t1 = max(t1, min(min_response, response_ids.shape[1]))
     input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
     attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # same convention as the engine
-    # The outputs at positions P'-1 .. P'+t1-2 predict the response tokens 0 .. t1-1.
+    return input_ids, attention_mask, position_ids, p0, t1
+
+
+def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+                  routing=None, share_prompts=False):
+    """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
+    n, T = response_ids.shape
+    # share_prompts="always": two body passes whatever the rows (see response_logprobs)
+    input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(
+        prompt_ids, prompt_mask, response_ids, response_mask, min_response=2 if share_prompts == "always" else 0)
+    if t1 == 0:  # no response token at all: nothing to score
+        zeros = response_mask.new_zeros(n, T, dtype=_work_dtype(next(model.parameters()).dtype))
+        return zeros, zeros.clone() if with_entropy else None
     head = chunked_head(model)
     args = (input_ids, attention_mask, position_ids, response_ids[:, :t1], response_mask[:, :t1], temperature,
             with_entropy)

@@ -82,7 +82,7 @@ def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
     if source in ("rollout", "recompute"):
         return source
     needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or A.needs_token_selection(algo) or (
-        uses_reference and algo.kl_placement == "in_reward")
+        uses_reference and algo.kl_placement == "in_reward") or algo.uses_teacher  # opd: kl = logp_old - logp_T
     return "forward" if algo.updates_per_batch == 1 and not needed_before else "recompute"
 
 
@@ -112,9 +112,10 @@ def old_pass_routing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerRou
                           replay=plan.routing_replay == "r3", record=plan.routing_replay == "r2")
 
 
-def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: LearnerPlan
+def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: LearnerPlan, teacher=None
             ) -> tuple[TrainBatch, torch.Tensor | None, dict[str, float]]:
-    """Returns (batch, entropy [N, T] when measured here - None when the update measures it, metrics)."""
+    """Returns (batch, entropy [N, T] when measured here - None when the update measures it, metrics).
+    ``teacher`` (grpoplus.teacher): on-policy distillation's, scoring the sampled tokens (section 11)."""
     r = scored.rollouts
     if plan.routing_replay == "r3" and r.routing is None:
         raise ValueError("algo.routing_replay=r3 replays the rollout engine's expert routing, but the engine returned "
@@ -140,6 +141,9 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         metrics["reward/kl_penalty_mean"] = float((scored.rewards - rewards).mean())
     keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric) if algo.gfpo_keep else None
     advantages = _advantages(scored, rewards, keep, algo, plan)
+    if teacher is not None:
+        advantages, opd = teacher_advantages(teacher, r, advantages, logp_old, mask, algo, plan)
+        metrics.update(opd)
     loss_mask = mask if keep is None else mask * keep.unsqueeze(1).float()
     if algo.overlong_filter:
         loss_mask = A.overlong_filter_mask(loss_mask, r.finished)
@@ -152,13 +156,26 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     return batch, entropy, metrics
 
 
+def teacher_advantages(teacher, r: Rollouts, advantages: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
+                       algo: A.AlgoConfig, plan: LearnerPlan) -> tuple[torch.Tensor, dict[str, float]]:
+    """The teacher's log-probs of the sampled tokens: the opd token advantage when ``algo.lambda_opd > 0``
+    (section 11; [N] outcome advantages become [N, T]), and the ``opd/*`` metrics in any case."""
+    with autocast(plan.precision, getattr(teacher, "device", "cpu")):
+        logp_teacher, top1 = teacher.token_logprobs(r)
+    metrics = A.opd_metrics(logp_old, logp_teacher, mask, top1)
+    if algo.lambda_opd > 0:
+        advantages = A.opd_advantages(advantages, logp_old, logp_teacher, mask, algo.lambda_opd,
+                                      algo.opd_outcome).float()
+    return advantages, metrics
+
+
 def turn_advantages(r, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig) -> torch.Tensor:
     """[N, T] turn-level advantages (``algo.turn_credit``): each turn's environment reward is a step reward ending at
     its last sampled token, and the rest of the trajectory's reward (the reward functions' score of the transcript,
     a KL penalty in the reward) is added to the last turn's (ALGORITHMS.md section 12)."""
     if r.turn_rewards is None:
-        raise ValueError(f"algo.turn_credit={algo.turn_credit} needs multi-turn rollouts: set data.env (or data.tools)"
-                         ", or algo.turn_credit=off")
+        raise ValueError(f"algo.turn_credit={algo.turn_credit} needs step rewards: multi-turn rollouts (data.env or "
+                         "data.tools) or a process reward model's (data.prm); or set algo.turn_credit=off")
     rest = (rewards - r.env_returns).tolist()
     steps = [[0.0 if x is None else x for x in turn] for turn in r.turn_rewards]
     for i, turn in enumerate(steps):

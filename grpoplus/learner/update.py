@@ -15,9 +15,10 @@ import math
 
 import torch
 
-from grpoplus.algo import AlgoConfig, EntropyControl, policy_loss, prepare_loss
+from grpoplus.algo import AGGREGATIONS, AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
@@ -28,7 +29,7 @@ from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
 
-LOSS_KEYS = ("loss/policy", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
+LOSS_KEYS = ("loss/policy", "loss/distill", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
 
 
 def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.Tensor]:
@@ -49,7 +50,8 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
 
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
                    entropy_coef: float | None = None, generator: torch.Generator | None = None,
-                   hooks: UpdateHooks = ONE_PROCESS) -> tuple[dict[str, float], bool, torch.Tensor | None]:
+                   hooks: UpdateHooks = ONE_PROCESS, teacher: torch.nn.Module | None = None
+                   ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
     ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
@@ -58,6 +60,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     ``hooks``: the placement's (grpoplus.distributed.placement): with several learner ranks every rank
     holds the whole mini-batch and its global mask and norm, takes its share of whole micro-batches, and
     the gradients are summed over the ranks before clipping: the step one process would make.
+    ``teacher``: the teacher model of ``algo.distill_loss`` (its divergence is added to the loss).
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
     fused = plan.logp_old_from_forward
     if fused != (batch.logp_old is None):
@@ -73,12 +76,14 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     for i, (idx, scale) in enumerate(runs):
         with hooks.backward_scope(last=i == len(runs) - 1):
             part = _micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
-                               entropy_coef, tally, hooks, scale)
+                               entropy_coef, tally, hooks, scale, teacher)
         if scale:
             parts.append(part)
     parts, tally = hooks.gather(parts, tally)
     params = [p for p in model.parameters() if p.requires_grad]
     losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
+    if algo.distill_loss == "off":
+        del losses["loss/distill"]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, error_if_nonfinite=False).item()
     stepped = math.isfinite(losses["loss/total"]) and math.isfinite(grad_norm)
     if stepped:
@@ -93,16 +98,24 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
 
 def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tensor, norm, algo: AlgoConfig,
                 plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None,
-                hooks: UpdateHooks, scale: float = 1.0) -> tuple:
+                hooks: UpdateHooks, scale: float = 1.0, teacher: torch.nn.Module | None = None) -> tuple:
     """Forward and backward of the micro-batch of rows ``idx`` (its loss times ``scale``: 0 for a rank's
     stand-in). Returns (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old
     comes from this forward, else None)."""
-    logp, entropy = _forward(model, mb, plan, hooks, with_entropy=fused, entropy_grad=algo.entropy_bonus,
-                             routing=training_routing(model, mb, plan, tally if scale else None))
+    if algo.distill_loss != "off":
+        logp, entropy, divergence = _distill_forward(model, teacher, mb, plan, hooks, algo, fused)
+    else:
+        logp, entropy = _forward(model, mb, plan, hooks, with_entropy=fused, entropy_grad=algo.entropy_bonus,
+                                 routing=training_routing(model, mb, plan, tally if scale else None))
     logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
     loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask, algo,
                                 logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
                                 entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
+    if algo.distill_loss != "off":  # section 11: the divergence aggregated like the policy term
+        distill = algo.distill_coef * AGGREGATIONS.get(algo.aggregation)(divergence * loss_mask, loss_mask, norm)
+        loss = loss + distill
+        metrics["loss/distill"] = float(distill.detach())
+        metrics["loss/total"] += metrics["loss/distill"]
     (loss * scale if scale != 1.0 else loss).backward()
     losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
     weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
@@ -132,6 +145,18 @@ def _forward(model, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, with_
                              routing=routing, share_prompts=share)
 
 
+def _distill_forward(model, teacher, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, algo: AlgoConfig,
+                     fused: bool):
+    """(logp, entropy or None, divergence [n, T]) of a run with ``algo.distill_loss``: one forward of the policy and
+    one of the teacher (grpoplus.learner.distill)."""
+    if teacher is None:
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher model in the update (learner.teacher)")
+    with checkpointed_layers(model, plan.gradient_checkpointing), autocast(plan.precision, mb.prompt_ids.device):
+        return hooks.forward(distill_forward, model, teacher, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                             mb.response_mask, temperature=plan.temperature, loss=algo.distill_loss,
+                             beta=algo.gjsd_beta, with_entropy=fused or algo.entropy_bonus)
+
+
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
     """The generator of one optimizer step's random token selection (Clip-Cov): seeded by the run
     seed and the step's index, so a resumed run draws what the uninterrupted one drew."""
@@ -151,7 +176,7 @@ def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: Routing
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
                   entropy_control: EntropyControl | None = None, first_step: int = 0,
-                  hooks: UpdateHooks = ONE_PROCESS) -> UpdateResult:
+                  hooks: UpdateHooks = ONE_PROCESS, teacher: torch.nn.Module | None = None) -> UpdateResult:
     """All optimizer steps for one rollout batch; the entropy comes back when the training forward
     measured it (pi_old from the forward: one update, so each row is seen once).
 
@@ -167,7 +192,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
             metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
                                                        entropy_coef=control.applied_coef,
-                                                       generator=clip_cov_generator(plan.seed, k), hooks=hooks)
+                                                       generator=clip_cov_generator(plan.seed, k), hooks=hooks,
+                                                       teacher=teacher)
             if not parts and "moe/routing_mismatch" in metrics:  # the first step: the weights are still pi_old
                 metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped

@@ -105,6 +105,10 @@ class DoctorThresholds:
     """... or that share grew this many times since the early window (the trend needs min_steps)."""
     obs_crowding_frac: float = 0.2
     """observation_crowding: recent mean of env/ended/context at or above this (observations overflow the budget)."""
+    opd_min_drop: float = 0.1
+    """opd_stalled: opd/reverse_kl must fall by at least this fraction from the early to the recent window ..."""
+    opd_kl_floor: float = 0.01
+    """... unless its recent mean is below this (the student already matches the teacher)."""
     routing_mismatch_max: float = 0.1
     """routing_mismatch: recent mean of moe/routing_mismatch (share of token-layer expert choices that differ) at or above this."""  # noqa: E501
 
@@ -544,4 +548,4 @@ def check_grad_explosion(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
     )
 
 
-from . import env_checks, offpolicy_checks  # noqa: E402,F401  (register the multi-turn and off-policy checks)
+from . import distill_checks, env_checks, offpolicy_checks  # noqa: E402,F401  (register the distillation, multi-turn and off-policy checks)

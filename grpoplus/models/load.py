@@ -83,6 +83,21 @@ def load_policy(
     return policy.to(device), tokenizer
 
 
+def load_tokenizer(model: str):
+    """The tokenizer of a model named as :func:`load_policy` names one (a local HF dir, a .gguf file or a dir
+    holding one, ``smollm2``), without reading its weights."""
+    file = _smollm2_file() if model == SMOLLM2 else Path(model).expanduser()
+    if not file.exists():
+        raise FileNotFoundError(f"model path {str(file)!r} does not exist")
+    if file.is_dir() and not (file / "config.json").is_file():
+        ggufs = sorted(file.glob("*.gguf"))
+        file = ggufs[0] if len(ggufs) == 1 else file
+    if file.is_file():
+        with _without_gguf_bar():
+            return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(file, local_files_only=True)
+
+
 def _load_path(path: Path, dtype: torch.dtype, fits):
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")

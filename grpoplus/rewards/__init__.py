@@ -7,8 +7,10 @@ with :func:`parse_reward_specs` and :class:`RewardPipeline`.
 
 from grpoplus.rewards import code as _code  # noqa: F401 (imported to register its rewards)
 from grpoplus.rewards import format as _format  # noqa: F401
+from grpoplus.rewards import judge as _judge  # noqa: F401
 from grpoplus.rewards import length as _length  # noqa: F401
 from grpoplus.rewards import math_answer as _math  # noqa: F401
+from grpoplus.rewards import reward_model as _reward_model  # noqa: F401
 from grpoplus.rewards.code import code_reward, extract_code
 from grpoplus.rewards.extract import extract_answer, last_boxed, reference_answer
 from grpoplus.rewards.format import format_ok

@@ -21,6 +21,7 @@ import math
 import numbers
 import os
 import pickle
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,13 +62,16 @@ def _scalar(text: str):
 
 
 def _split_spec(spec: str) -> tuple[str, float, dict]:
-    """``target[:weight][:k=v,k=v]`` -> (target, weight, kwargs)."""
+    """``target[:weight][:k=v,k=v]`` -> (target, weight, kwargs); the parameters start at the first ``:``-part
+    holding ``=``, so a value may itself contain ``:`` (``url=http://host:8000/v1``)."""
     parts = spec.split(":")
     kwargs: dict = {}
-    if len(parts) > 1 and "=" in parts[-1]:
-        for item in parts.pop().split(","):
+    first = next((i for i, part in enumerate(parts) if "=" in part), None)
+    if first:  # not None, not 0 (a target comes first)
+        for item in ":".join(parts[first:]).split(","):
             key, _, value = item.partition("=")
             kwargs[key.strip()] = _scalar(value.strip())
+        parts = parts[:first]
     weight = 1.0
     if len(parts) > 1:
         try:
@@ -107,7 +111,7 @@ def parse_reward_specs(specs: list, extra: dict[str, RewardFn] | None = None) ->
     """
     extra = extra or {}
     components: list[RewardComponent] = []
-    for spec in specs:
+    for spec in _rejoined(specs):
         if isinstance(spec, RewardComponent):
             components.append(spec)
             continue
@@ -128,6 +132,27 @@ def parse_reward_specs(specs: list, extra: dict[str, RewardFn] | None = None) ->
     if duplicates:
         raise ValueError(f"reward names must be unique, {duplicates} appear more than once")
     return components
+
+
+_PARAMETER_ONLY = re.compile(r"^\s*[A-Za-z_]\w*\s*=")
+
+
+def _rejoined(specs: list) -> list:
+    """A list item that is only ``key=value`` continues the string spec before it: an unquoted command-line list
+    (``rewards=[task,judge:url=...,choices=true]``) is split at every comma, parameters included, and no reward
+    name holds ``=``.
+
+    >>> _rejoined(["task", "judge:0.5:url=http://h:8000/v1", "choices=true", "max_score=5"])
+    ['task', 'judge:0.5:url=http://h:8000/v1,choices=true,max_score=5']
+    """
+    out: list = []
+    for spec in specs:
+        if isinstance(spec, str) and _PARAMETER_ONLY.match(spec) and out and isinstance(out[-1], str) \
+                and "=" in out[-1]:
+            out[-1] = f"{out[-1]},{spec.strip()}"
+        else:
+            out.append(spec)
+    return out
 
 
 def _check_kwargs(name: str, fn: RewardFn, kwargs: dict) -> None:
@@ -194,7 +219,8 @@ def _check_count(name: str, values, n: int) -> list:
 
 
 # Verifier failures inside a reward: the sample scored 0 for a reason that is not the model's
-_FAILURE_EVENTS = {"verifier/timeouts": "timeout", "verifier/crashes": "error", "verifier/errors": "error"}
+_FAILURE_EVENTS = {"verifier/timeouts": "timeout", "verifier/crashes": "error", "verifier/errors": "error",
+                   "judge/timeouts": "timeout", "judge/errors": "error", "judge/unparseable": "error"}
 
 
 class RewardPipeline:
@@ -205,7 +231,9 @@ class RewardPipeline:
     limits). ``workers>0`` or ``"auto"`` calls each reward once per sample in a pool of
     spawn processes, with a ``timeout_s`` limit per call; a hung worker is killed and
     replaced. A function that cannot be sent to a worker (a lambda, a closure) runs
-    in-process, with a warning.
+    in-process, with a warning. A function with ``in_process = True`` (a reward model, which
+    scores a whole batch on a device and would load a copy of itself in every worker) always
+    runs in-process, once per batch, without a warning.
     """
 
     def __init__(self, components: list[RewardComponent], *, workers: int | str = 0, timeout_s: float = 10.0):
@@ -221,6 +249,8 @@ class RewardPipeline:
         if size > 0:
             payloads = {}
             for comp in components:
+                if getattr(comp.fn, "in_process", False):
+                    continue
                 payload = _payload(comp)
                 if payload is None:
                     warnings.warn(
@@ -275,6 +305,8 @@ class RewardPipeline:
         before = events.snapshot()
         try:  # boundary: a raising reward is retried per sample to find the samples at fault
             raw = comp.fn(prompts, completions, **kwargs)
+        except RewardError:
+            raise  # the reward found that no sample can succeed (e.g. its server is down): retrying each one only waits
         except Exception:  # noqa: BLE001
             outcomes = [self._one_local(comp, prompts, completions, kwargs, i) for i in range(len(completions))]
         else:

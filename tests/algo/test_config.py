@@ -18,6 +18,8 @@ EXPECTED_FIELDS = {
     "adv_whiten", "reward_aggregation", "tau_pos", "tau_neg", "cov_ratio", "cov_lb", "cov_ub", "kl_cov_coef",
     "entropy_coef", "entropy_adaptive", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max",
     "ref_update_alpha", "correction_cap_low", "rs_threshold", "rs_sum_threshold",
+    # section 11
+    "lambda_opd", "opd_outcome", "distill_loss", "distill_coef", "gjsd_beta",
     # section 12
     "turn_credit",
 }

@@ -226,6 +226,17 @@ def multi_turn_trace(**levels) -> list[dict]:
     return records
 
 
+def distill_trace(final_kl: float) -> list[dict]:
+    """A healthy run with a teacher: opd/reverse_kl from 2.0 falling toward ``final_kl`` (noisy)."""
+    rng = np.random.default_rng(1)
+    records = healthy_trace()
+    for r in records:
+        progress = 1.0 - np.exp(-r["step"] / 15.0)
+        r["opd/reverse_kl"] = 2.0 + (final_kl - 2.0) * progress + rng.normal(0, 0.05)
+        r["opd/top1_agreement"] = 0.2 + 0.3 * progress
+    return records
+
+
 CLIP_SETUP = {"loss": "clip", "updates_per_batch": 1, "group_size": 8}
 """batch_info of a clip loss with one update per batch (what the default config gives)."""
 
@@ -250,6 +261,8 @@ TRACES = {
                      {"env_failures"}),
     "tool_errors": (lambda: multi_turn_trace(**{"env/tool_errors": lambda t: 5.0 + t}), {"tool_errors"}),
     "observation_crowding": (lambda: multi_turn_trace(**{"env/ended/context": 0.3}), {"observation_crowding"}),
+    "healthy_distillation": (lambda: distill_trace(0.5), set()),
+    "opd_stalled": (lambda: distill_trace(1.95), {"opd_stalled"}),
     # failed games run out of turns: longer wrong trajectories are no length bias there
     "multi_turn_incorrect_longer": (lambda: _env_metrics(incorrect_longer_trace()), set()),
 }

@@ -16,7 +16,7 @@ CODES = {
     "entropy_collapse", "length_explosion", "incorrect_longer", "zero_variance",
     "mismatch_rising", "reward_hacking", "noisy_reward", "nonfinite_updates", "grad_explosion",
     "inert_clipping", "zero_advantage", "mismatch_with_staleness", "routing_mismatch",
-    "turn_limit", "env_failures", "tool_errors", "observation_crowding",
+    "turn_limit", "env_failures", "tool_errors", "observation_crowding", "opd_stalled",
 }
 
 
@@ -24,7 +24,10 @@ def test_every_finding_code_is_a_registered_check():
     assert set(CHECKS.names()) == CODES
 
 
-@pytest.mark.parametrize("name", sorted(CODES | {"healthy", "healthy_multi_turn", "multi_turn_incorrect_longer"}))
+HEALTHY = {"healthy", "healthy_multi_turn", "multi_turn_incorrect_longer", "healthy_distillation"}
+
+
+@pytest.mark.parametrize("name", sorted(CODES | HEALTHY))
 def test_each_trace_produces_exactly_its_findings(traces, name):
     make, expected = traces.TRACES[name]
     # the default setup: a clip loss with one update per rollout batch

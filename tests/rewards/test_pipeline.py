@@ -140,3 +140,12 @@ def test_parse_specs_errors(user_file):
         parse_reward_specs(["math", "math:0.5"])
     with pytest.raises(ValueError, match="takes no parameter"):
         parse_reward_specs([f"{user_file}:only_answer:max_len=3"])
+
+
+def test_an_unquoted_command_line_list_keeps_each_specs_parameters_together():
+    from grpoplus.config import build_config
+
+    cfg = build_config(overrides=["rewards=[task,soft_overlong:0.5:max_len=48,cache=8,length_penalty:coef=2]"])
+    components = parse_reward_specs(cfg.data.rewards, extra={"task": lambda p, c: [0.0] * len(c)})
+    assert [(c.name, c.weight, c.kwargs) for c in components] == [
+        ("task", 1.0, {}), ("soft_overlong", 0.5, {"max_len": 48, "cache": 8}), ("length_penalty", 1.0, {"coef": 2})]

@@ -1,0 +1,71 @@
+"""Which teacher ``learner.teacher`` names, loaded once where the learner runs; and the vocabulary check."""
+
+from __future__ import annotations
+
+import torch
+
+ENDPOINT_SCHEMES = ("http://", "https://")
+
+
+def is_endpoint(spec: str | None) -> bool:
+    """True when the teacher is a server's base URL rather than a model to load."""
+    return isinstance(spec, str) and spec.startswith(ENDPOINT_SCHEMES)
+
+
+def load_teacher(spec: str, device: str | torch.device, student: torch.nn.Module):
+    """The teacher ``spec`` names: an :class:`~grpoplus.teacher.endpoint.EndpointTeacher` for a URL, else a
+    :class:`~grpoplus.teacher.local.LocalTeacher` loaded as ``--model`` loads the policy (a local HF dir, a .gguf
+    file, ``smollm2``) on ``device``. A local teacher whose output vocabulary differs in size from ``student``'s
+    is refused here (:func:`check_vocabulary` compares the tokens themselves)."""
+    if is_endpoint(spec):
+        from grpoplus.teacher.endpoint import EndpointTeacher
+
+        return ServedTeacher(EndpointTeacher(spec))
+    from grpoplus.models.load import load_policy
+    from grpoplus.teacher.local import LocalTeacher
+
+    model, _ = load_policy(spec, device=device)
+    sizes = [m.get_output_embeddings().weight.shape[0] for m in (model, student)]
+    if sizes[0] != sizes[1]:
+        raise ValueError(f"teacher {spec!r} predicts over {sizes[0]} tokens, the policy over {sizes[1]}: on-policy "
+                         "distillation scores the policy's own token ids, so both need one tokenizer")
+    return LocalTeacher(model)
+
+
+def check_vocabulary(spec: str | None, tokenizer) -> None:
+    """Refuse a local teacher whose tokenizer maps any token to another id than the policy's (ALGORITHMS.md
+    section 11: a mismatch is an error, never a silent re-tokenization). An endpoint is not checked: it is
+    told token ids and answers for them."""
+    if spec is None or is_endpoint(spec):
+        return
+    from grpoplus.models.load import load_tokenizer
+
+    theirs, ours = load_tokenizer(spec).get_vocab(), tokenizer.get_vocab()
+    if theirs != ours:
+        differ = sorted(set(theirs.items()) ^ set(ours.items()), key=str)[:3]
+        raise ValueError(f"teacher {spec!r} has another tokenizer than the policy ({len(theirs)} vs {len(ours)} "
+                         f"tokens; e.g. {differ}): on-policy distillation needs the policy's tokenizer")
+
+
+class ServedTeacher:
+    """An endpoint teacher seen as the learner sees a local one: rollouts in, [N, T] tensors out. Each row is sent
+    as its prompt's ids and its response's ids (observation tokens of a multi-turn row included: they are context,
+    and the learner masks their scores out)."""
+
+    device = "cpu"
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    def token_logprobs(self, rollouts) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp_T [N, T] float32, top1 [N, T] bool), zero / False on padding."""
+        r = rollouts
+        lengths = r.response_mask.sum(1).long().tolist()  # right-padded: the response is the first `n` columns
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(r.prompt_ids, r.prompt_mask)]
+        responses = [ids[:n].tolist() for ids, n in zip(r.response_ids, lengths)]
+        scores, firsts = self.endpoint.token_logprobs(prompts, responses)
+        logp, top1 = torch.zeros(r.response_ids.shape), torch.zeros(r.response_ids.shape, dtype=torch.bool)
+        for i, (n, row, first) in enumerate(zip(lengths, scores, firsts)):
+            logp[i, :n] = torch.tensor(row, dtype=torch.float32)
+            top1[i, :n] = torch.tensor(first, dtype=torch.bool)
+        return logp, top1
