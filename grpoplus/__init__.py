@@ -1,3 +1,19 @@
-"""grpoplus: reinforcement-learning post-training of language models with verifiable rewards."""
+"""grpoplus: reinforcement-learning post-training of language models with verifiable rewards.
+
+    from grpoplus import Trainer
+    result = Trainer(model="smollm2", train_dataset=rows, reward_funcs=["math"], max_steps=50).train()
+
+(:mod:`grpoplus.api`; imported on first use, so ``import grpoplus`` and the command line stay light.)
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["Trainer", "TrainResult", "train", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("Trainer", "TrainResult", "train"):
+        from grpoplus import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'grpoplus' has no attribute {name!r}")

@@ -42,8 +42,9 @@ def _add_train(sub) -> None:
 
 
 def _train(args) -> int:
+    """The command line over :class:`grpoplus.Trainer`: flags and key=value overrides are its config keys."""
+    from grpoplus.api import Trainer
     from grpoplus.config import build_config, describe_keys
-    from grpoplus.trainer import resume_config, train
 
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
     overrides += list(args.overrides)
@@ -53,11 +54,9 @@ def _train(args) -> int:
     if args.resume:
         if args.preset or args.config:
             raise ValueError("--resume takes the run's saved config: give changes as key=value, not --preset/--config")
-        cfg = resume_config(args.resume, [o for o in overrides if not o.startswith("run.out=")])
-        cfg.run.out = args.resume
-        train(cfg, resume=True)
+        Trainer.resume(args.resume, overrides).train()
     else:
-        train(build_config(args.preset, args.config, overrides))
+        Trainer(preset=args.preset, config=args.config, overrides=overrides).train()
     return 0
 
 

@@ -379,13 +379,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def build_config(preset: str | None = None, yaml_path: str | None = None,
-                 overrides: list[str] | None = None, base: dict | None = None) -> Config:
-    """Preset + YAML file + key=value overrides (later wins) -> a validated :class:`Config`.
+                 overrides: list[str] | None = None, base: dict | None = None, values: dict | None = None) -> Config:
+    """Preset + YAML file + key=value overrides + ``values`` (later wins) -> a validated :class:`Config`.
 
     ``base`` is a saved resolved config (``config.yaml`` of a run, for resume); the preset
-    then only fills what ``base`` does not say.
+    then only fills what ``base`` does not say. ``values``: config keys (bare or dotted) and Python
+    values, as :class:`grpoplus.Trainer` passes its keywords.
     """
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    given, values = values, {name: {} for name in SECTIONS}
     if base:
         _merge_nested(values, base, source="saved config")
         values["algo"].pop("max_len", None)  # saved as derived from rollout.max_new_tokens: derived again
@@ -397,8 +398,7 @@ def build_config(preset: str | None = None, yaml_path: str | None = None,
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {yaml_path!r} must hold a mapping, not {type(loaded).__name__}")
         _merge_yaml(values, loaded)
-    for text in overrides or []:
-        key, value = parse_override(text)
+    for key, value in [parse_override(text) for text in overrides or []] + list((given or {}).items()):
         section, name = _resolve_key(key)
         values[section][name] = value
     _one_length(values)
@@ -704,9 +704,11 @@ def _check_local_devices(device: str, ranks: int) -> None:
     else:
         have, what = len(os.sched_getaffinity(0)), "CPU cores"
     if ranks > have:
-        raise ValueError(f"learner.data_parallel={ranks} needs one device per rank but this machine has {have} "
+        from grpoplus.needs import unmet  # a dry run for another machine notes it
+
+        unmet(ValueError(f"learner.data_parallel={ranks} needs one device per rank but this machine has {have} "
                          f"{what} (learner.device={device}): lower data_parallel, or run on a Ray cluster "
-                         "(cluster=ray) or with torchrun across machines")
+                         "(cluster=ray) or with torchrun across machines"))
 
 
 def _check_lora(cfg: Config) -> None:

@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from grpoplus.build import Components, build
 from grpoplus.build.learner import RANK_BUILDERS
@@ -78,8 +80,9 @@ def restore(c: Components, path: Path) -> tuple[int, dict]:
     return state["step"], state["counters"]
 
 
-def train(cfg: Config, resume: bool = False) -> list[dict]:
-    """Run (or resume) training; returns the metric records written by this call."""
+def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict], Any]] = ()) -> list[dict]:
+    """Run (or resume) training; returns the metric records written by this call. Each callback is called with
+    each step's record; one that returns True stops the run after that step (its checkpoint written)."""
     if torchrun_follower(cfg):  # under torchrun every rank runs this; ranks > 0 only take part in updates
         follow_torchrun(cfg, RANK_BUILDERS)
         return []
@@ -92,7 +95,7 @@ def train(cfg: Config, resume: bool = False) -> list[dict]:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
         print_inert_notice(cfg)
-        return _loop(cfg, c, run_dir, start, counters, resumed=start > 0)
+        return _loop(cfg, c, run_dir, start, counters, resumed=start > 0, callbacks=callbacks)
     finally:
         c.close()
 
@@ -119,7 +122,8 @@ def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:
     return 0, {"skipped_total": 0.0, "elapsed_s": 0.0}
 
 
-def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool) -> list[dict]:
+def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool,
+          callbacks: Sequence[Callable[[dict], Any]] = ()) -> list[dict]:
     truncate_jsonl(run_dir.samples, start)
     writer = MetricsWriter(run_dir.root, loggers=cfg.run.loggers, resume_step=start if resumed else None,
                            config=cfg.to_dict())
@@ -131,6 +135,7 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
         if start == 0:
             records.append(log(writer, 0, run_eval(cfg, c, 0)))
             history.append(records[-1])
+            _notify(callbacks, records[-1])
             progress.update(0, records[-1])
         for step in range(start + 1, cfg.run.max_steps + 1):
             t0 = time.perf_counter()
@@ -144,8 +149,9 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
                             "time/step_s": time.perf_counter() - t0})
             records.append(log(writer, step, metrics))
             history.append(records[-1])
+            stop = _notify(callbacks, records[-1])
             run_dir.write_samples(step, scored, cfg.run.log_samples)
-            if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            if last or stop or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
                                keep=cfg.run.keep_checkpoints)
             progress.update(step, metrics)
@@ -154,10 +160,18 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             if doctor.due(step):
                 for finding in doctor.check(history):
                     progress.write(f"doctor: {finding.one_line()}")
+            if stop:
+                progress.write(f"stopped by a callback after step {step}")
+                break
     finally:
         progress.close()
         writer.close()
     return records
+
+
+def _notify(callbacks: Sequence[Callable[[dict], Any]], record: dict) -> bool:
+    """Every callback sees the record (a copy each); True when one asks to stop."""
+    return any([callback(dict(record)) is True for callback in callbacks])
 
 
 def log(writer, step: int, metrics: dict) -> dict:

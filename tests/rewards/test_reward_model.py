@@ -151,14 +151,13 @@ def test_a_reward_model_that_prefers_a_final_digit(tmp_path):
     assert got == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-4)
 
 
-def test_a_spec_with_several_parameters_needs_quotes_on_the_command_line():
+def test_a_spec_with_several_parameters_reads_the_same_quoted_or_not_on_the_command_line():
+    want = [("reward_model", 0.5, {"path": "/rm", "normalize": "sigmoid"})]
     quoted = build_config(overrides=['rewards=[task,"reward_model:0.5:path=/rm,normalize=sigmoid"]']).data.rewards
-    assert [(c.name, c.weight, c.kwargs) for c in parse_reward_specs(quoted[1:])] == [
-        ("reward_model", 0.5, {"path": "/rm", "normalize": "sigmoid"})]
+    assert [(c.name, c.weight, c.kwargs) for c in parse_reward_specs(quoted[1:])] == want
     bare = build_config(overrides=["rewards=[task,reward_model:0.5:path=/rm,normalize=sigmoid]"]).data.rewards
     assert bare == ["task", "reward_model:0.5:path=/rm", "normalize=sigmoid"]  # YAML's list split the spec
-    with pytest.raises(ValueError, match="unknown reward 'normalize=sigmoid'"):
-        parse_reward_specs(bare[1:])
+    assert [(c.name, c.weight, c.kwargs) for c in parse_reward_specs(bare[1:])] == want
 
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=4", "eval_samples=2",
