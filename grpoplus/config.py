@@ -10,15 +10,17 @@ explicitly. Unknown keys and values of the wrong type are errors naming the key.
 from __future__ import annotations
 
 import dataclasses
-import types
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from grpoplus.algo import AlgoConfig
+from grpoplus.data.loaders import ANSWER_FORMATS, BAD_ROW_POLICIES
 from grpoplus.learner.precision import PRECISIONS
 
 
@@ -53,7 +55,7 @@ class RunConfig:
     """Show a live progress bar."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
-    release_memory: str = "phases"
+    release_memory: Literal["off", "phases", "eager"] = "phases"
     """Linux (glibc), when freed memory goes back to the system (malloc_trim): phases (true) = after the rollout and
     after the update, so the next phase starts from what is live; eager = also every few decoder layers of the
     update's backward, which lowers its peak with learner.gradient_checkpointing; off (false) = glibc keeps
@@ -62,7 +64,7 @@ class RunConfig:
     """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
     overrides: list = field(default_factory=list)
     """The key=value overrides given on the command line (recorded for reports)."""
-    cluster: str = "local"
+    cluster: Literal["local", "ray"] = "local"
     """local: this machine (one process, or learner.data_parallel ranks it starts; torchrun works too) |
     ray: the roles as Ray actors (rollout workers, learner ranks) and tasks (reward scoring), see the ray section."""
 
@@ -84,9 +86,9 @@ class DataConfig:
     """Column of `data` holding the prompt."""
     answer_field: str = "answer"
     """Column of `data` holding the reference answer."""
-    answer_format: str = "auto"
+    answer_format: Literal[ANSWER_FORMATS] = "auto"
     """How to read the reference answer: raw | gsm8k | math | auto."""
-    on_bad_row: str = "skip"
+    on_bad_row: Literal[BAD_ROW_POLICIES] = "skip"
     """Malformed data rows: skip (reported with line numbers) | error."""
     eval_size: int = 200
     """Held-out prompts per evaluation."""
@@ -136,7 +138,7 @@ class RolloutConfig:
     max_new_tokens: int = 48
     """Longest response in tokens (L_max). algo.max_len is the same length: set either, the other
     follows; setting both to different values is an error."""
-    quantization: str = "none"
+    quantization: Literal["none", "bf16_rounded", "int8", "fp8"] = "none"
     """Sampler weights: none (the learner's precision) | bf16_rounded (weights rounded to bf16, computed in
     fp32; hf engine) | int8 (int8 kernels: hf engine on CPU, vLLM on GPU) | fp8 (vLLM on GPU). A real
     sampler/learner mismatch for the corrections of ALGORITHMS.md section 5."""
@@ -189,7 +191,7 @@ class LearnerConfig:
     """AdamW second-moment decay."""
     warmup_steps: int = 5
     """Linear learning-rate warm-up, in optimizer steps."""
-    lr_schedule: str = "cosine"
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
     """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm of each optimizer step to this."""
@@ -205,14 +207,14 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
     much less activation memory for one more forward of the body per update; the same numbers."""
-    logp_old: str = "auto"
+    logp_old: Literal["auto", "recompute", "rollout"] = "auto"
     """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
     update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch
     and nothing that needs pi_old before the update (corrections, KL in reward, entropy mask),
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
     """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
-    precision: str = "fp32"
+    precision: Literal[PRECISIONS] = "fp32"
     """fp32 | bf16_mixed: float32 master weights, gradients and AdamW state with the matmuls of every learner
     forward in bfloat16 (autocast; log-softmax and loss in float32), the reference's linear weights stored in
     bfloat16, and the rollout engines sampling in bfloat16 (Micikevicius et al. 2018, arXiv:1710.03740)."""
@@ -221,7 +223,7 @@ class LearnerConfig:
     data_parallel: int = 1
     """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of
     every mini-batch; gradients are summed over the ranks, so the update is the one of a single process."""
-    strategy: str = "replicate"
+    strategy: Literal["replicate", "fsdp2"] = "replicate"
     """How the learner ranks hold the model: replicate (every rank the whole model and optimizer) | fsdp2
     (parameters, gradients and AdamW state sharded over the ranks with torch's FSDP2, each decoder layer
     gathered just before it runs: per-rank memory of about 1/data_parallel; full fine-tuning)."""
@@ -256,7 +258,7 @@ class RayConfig:
     max_restarts: int = 3
     """Restarts of a rollout worker that dies; its request is sent again, so no step is lost
     (weight_sync=object_store; with collective a worker that dies ends the run)."""
-    weight_sync: str = "object_store"
+    weight_sync: Literal["object_store", "collective"] = "object_store"
     """How learner rank 0's weights reach the rollout workers after each update: object_store (Ray's object
     store; dead workers are restarted) | collective (a broadcast in a torch.distributed group of rank 0 and the
     workers, gloo on CPU, NCCL on GPUs, each bounded by learner.collective_timeout_s)."""
@@ -271,18 +273,6 @@ SECTIONS: dict[str, type] = {
     "ray": RayConfig,
 }
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.answer_format": ("raw", "gsm8k", "math", "auto"),
-    "data.on_bad_row": ("skip", "error"),
-    "rollout.quantization": ("none", "bf16_rounded", "int8", "fp8"),
-    "learner.lr_schedule": ("constant", "cosine", "linear"),
-    "learner.logp_old": ("auto", "recompute", "rollout"),
-    "learner.precision": PRECISIONS,
-    "learner.strategy": ("replicate", "fsdp2"),
-    "run.cluster": ("local", "ray"),
-    "run.release_memory": ("off", "phases", "eager"),
-    "ray.weight_sync": ("object_store", "collective"),
-}
 BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"}}
 """Keys that were booleans before they had more choices: what true and false still mean."""
 
@@ -338,35 +328,32 @@ def _resolve_key(key: str) -> tuple[str, str]:
     return sections[0], key
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Check ``value`` against a field annotation (as written in the dataclass)."""
-    hint = eval(annotation, vars(typing) | {"Any": Any}) if isinstance(annotation, str) else annotation
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
-    if value is None and type(None) in options:
-        return None
-    if isinstance(value, str) and float in options:  # YAML reads 5e-4 (no dot) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    for option in options:
-        origin = typing.get_origin(option) or option
-        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if origin is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if origin is bool and isinstance(value, bool):
-            return value
-        if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        if origin is dict and isinstance(value, dict):
-            return dict(value)
-        if origin in (list, tuple):
-            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
-            return origin(items)
-        if origin is Any:
-            return value
-    raise ValueError(f"config key {key!r}: {value!r} is not a valid {hint}")
+@functools.cache
+def _adapter(section: str, name: str) -> TypeAdapter:
+    """pydantic's validator of one field's annotation (numbers are accepted as text: `out=2024`)."""
+    hint = typing.get_type_hints(SECTIONS[section])[name]
+    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True))
+
+
+def choices(section: str, name: str) -> tuple | None:
+    """The values a ``Literal`` field takes (its one definition), else None."""
+    hint = typing.get_type_hints(SECTIONS[section])[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def _validate(section: str, name: str, value: Any) -> Any:
+    """``value`` as the field's type (pydantic, lax: "5e-4" -> 5e-4, 2 -> 2.0, "a,b" -> [a, b] for a list), or a
+    one-line error naming the key and what it takes."""
+    key = f"{section}.{name}"
+    if isinstance(value, str) and typing.get_type_hints(SECTIONS[section])[name] in (list, tuple):
+        value = [v for v in value.split(",") if v]  # `loggers=tensorboard,wandb`
+    try:
+        return _adapter(section, name).validate_python(value)
+    except ValidationError:
+        allowed = choices(section, name)
+        hint = typing.get_type_hints(SECTIONS[section])[name]
+        expected = f"one of {', '.join(map(str, allowed))}" if allowed else f"a valid {getattr(hint, '__name__', hint)}"
+        raise ValueError(f"config key {key}: {value!r} is not {expected}") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -480,13 +467,8 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     for section, cls in SECTIONS.items():
         if cls is AlgoConfig:
             continue
-        hints = {f.name: f.type for f in dataclasses.fields(cls)}
-        kwargs = {name: _coerce(f"{section}.{name}", _from_bool(f"{section}.{name}", v), hints[name])
+        kwargs = {name: _validate(section, name, _from_bool(f"{section}.{name}", v))
                   for name, v in values[section].items()}
-        for name, value in kwargs.items():
-            allowed = CHOICES.get(f"{section}.{name}")
-            if allowed and value not in allowed:
-                raise ValueError(f"config key {section}.{name}: {value!r} is not one of {', '.join(allowed)}")
         sections[section] = cls(**kwargs)
     algo_values = {name: _algo_number(name, v) for name, v in values["algo"].items()}
     algo_values["max_len"] = response_budget(sections["data"], sections["rollout"])  # one length (_one_length)
@@ -771,7 +753,9 @@ def describe_keys(cfg: Config | None = None) -> str:
         docs = _field_docs(cls)
         for f in dataclasses.fields(cls):
             value = getattr(getattr(cfg, section), f.name)
-            lines.append(f"  {f.name} = {list(value) if isinstance(value, tuple) else value!r}")
+            allowed = choices(section, f.name) if cls is not AlgoConfig else None
+            shown = f"  {f.name} = {list(value) if isinstance(value, tuple) else value!r}"
+            lines.append(shown + (f"  ({' | '.join(allowed)})" if allowed else ""))
             if docs.get(f.name):
                 lines += textwrap.wrap(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                    break_on_hyphens=False)

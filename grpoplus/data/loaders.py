@@ -15,6 +15,7 @@ from typing import Iterator
 from grpoplus.rewards.extract import reference_answer
 
 ANSWER_FORMATS = ("raw", "gsm8k", "math", "auto")
+BAD_ROW_POLICIES = ("skip", "error")
 
 
 @dataclass
@@ -132,7 +133,7 @@ def load_records(
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"unknown answer_format {answer_format!r}; choose one of: {', '.join(ANSWER_FORMATS)}")
-    if on_bad_row not in ("skip", "error"):
+    if on_bad_row not in BAD_ROW_POLICIES:
         raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
     data = LoadedData(records=[])
     seen_fields: set[str] = set()
