@@ -38,6 +38,10 @@ def _add_train(sub) -> None:
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with its meaning and its value for this command line (the preset's "
                         "values, --config and key=value overrides applied) and exit")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true",
+                   help="check the config and print the resolved config, where each role runs, the memory per "
+                        "device and the tokens per step, loading no model and starting nothing; what this machine "
+                        "lacks (GPUs, vLLM, Ray) is listed as needs, not raised")
     p.set_defaults(func=_train)
 
 
@@ -51,6 +55,9 @@ def _train(args) -> int:
     if args.help_config:
         print(describe_keys(build_config(args.preset, args.config, overrides)))
         return 0
+    if args.dry_run:
+        from grpoplus.dryrun import print_dry_run
+        return print_dry_run(args.preset, args.config, overrides, args.resume)
     if args.resume:
         if args.preset or args.config:
             raise ValueError("--resume takes the run's saved config: give changes as key=value, not --preset/--config")

@@ -33,8 +33,7 @@ def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Mo
     if is_sharded(cfg):
         shard(model, cfg.learner.precision, offload=cfg.learner.cpu_offload)
     optimizer, scheduler = build_optimizer(cfg, model)
-    teacher = None if cfg.learner.teacher is None else \
-        load_teacher(cfg.learner.teacher, next(model.parameters()).device, mirror if mirror is not None else model)
+    teacher = None if cfg.learner.teacher is None else load_teacher(cfg.learner.teacher, next(model.parameters()).device)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror,
                         teacher=teacher)
 

@@ -47,7 +47,9 @@ def distill_forward(model: torch.nn.Module, teacher: torch.nn.Module, prompt_ids
     mask = response_mask[:, :t1].float()
     logp = TokenLogProb.apply(logits, response_ids[:, :t1], temperature) * mask
     student = logits.float() / temperature
-    divergence = DISTILL_LOSSES.get(loss)(student, teacher_logits.float() / temperature, beta=beta) * mask
+    width = min(student.shape[-1], teacher_logits.shape[-1])  # rows past the tokenizer's are padding, never a token
+    divergence = DISTILL_LOSSES.get(loss)(student[..., :width], teacher_logits[..., :width].float() / temperature,
+                                          beta=beta) * mask
     entropy = None
     if with_entropy:
         log_p = student.log_softmax(-1)

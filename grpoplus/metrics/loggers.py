@@ -64,10 +64,10 @@ def require_loggers(names: Sequence[str]) -> None:
     for name in names:
         module, pip = getattr(LOGGERS.get(name), "requires", (None, None))
         if module is not None and importlib.util.find_spec(module) is None:
-            raise ImportError(
-                f"run.loggers: {name!r} needs the {module} package, which is not installed: "
-                f"pip install {pip}"
-            )
+            from grpoplus.needs import unmet
+
+            unmet(ImportError(f"run.loggers: {name!r} needs the {module} package, which is not installed: "
+                              f"pip install {pip}"))
 
 
 def open_loggers(names: Sequence[str], run_dir: Path, config: Mapping[str, Any],

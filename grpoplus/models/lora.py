@@ -29,8 +29,10 @@ INSTALL_HINT = "pip install peft (or pip install -e '.[lora]')"
 
 def require_peft() -> None:
     if importlib.util.find_spec("peft") is None:
-        raise ImportError(f"learner.lora_rank > 0 trains LoRA adapters with the peft package, which is not "
-                          f"installed: {INSTALL_HINT}")
+        from grpoplus.needs import unmet
+
+        unmet(ImportError(f"learner.lora_rank > 0 trains LoRA adapters with the peft package, which is not "
+                          f"installed: {INSTALL_HINT}"))
 
 
 def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, target_modules: list[str]

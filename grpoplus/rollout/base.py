@@ -86,7 +86,9 @@ def require_engine(name: str) -> None:
     factory = ENGINES.get(name)
     module, hint = getattr(factory, "requires", (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
-        raise ImportError(f"rollout.engine={name} needs the {module} package, which is not installed: {hint}")
+        from grpoplus.needs import unmet
+
+        unmet(ImportError(f"rollout.engine={name} needs the {module} package, which is not installed: {hint}"))
 
 
 def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:

@@ -109,7 +109,7 @@ def test_a_served_teacher_scores_rollouts_as_the_same_model_in_process(vllm_serv
     prompts = [tok(text, add_special_tokens=False).input_ids for text in ("12+3=", "4=")]
     rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(n=3, max_new_tokens=8),
                                              generator=torch.Generator().manual_seed(1))
-    served = load_teacher(vllm_server.url, "cpu", model)
+    served = load_teacher(vllm_server.url, "cpu")
     assert isinstance(served, ServedTeacher)
     logp, top1 = served.token_logprobs(rollouts)
     want_logp, want_top1 = LocalTeacher(model).token_logprobs(rollouts)

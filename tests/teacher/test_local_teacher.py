@@ -92,8 +92,26 @@ def test_a_teacher_with_another_vocabulary_is_refused(tok, tmp_path):
     other.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="another tokenizer than the policy"):
         check_vocabulary(str(tmp_path), tok)
-    with pytest.raises(ValueError, match="both need one tokenizer"):
-        load_teacher(str(tmp_path), "cpu", tiny_model(tok, size="nano", seed=0))
+
+
+def test_a_teacher_with_padding_rows_past_the_tokenizer_distils_over_the_rows_both_have(tok, rollouts, tmp_path):
+    padded = tiny_model(tok, size="nano", seed=1)
+    padded.resize_token_embeddings(len(tok) + 8)  # one tokenizer, a wider output layer (padding rows)
+    padded.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    check_vocabulary(str(tmp_path), tok)  # the tokens are the policy's
+    teacher = load_teacher(str(tmp_path), "cpu")
+    student = tiny_model(tok, size="nano", seed=0)
+    r = rollouts
+    _, _, div = distill_forward(student, teacher.model, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask,
+                                temperature=1.0, loss="reverse_kl", beta=0.5)
+    i, n = 0, int(r.response_mask[0].sum())
+    prompt = r.prompt_ids[i][r.prompt_mask[i].bool()]
+    ids = torch.cat([prompt, r.response_ids[i, :n]])[None]
+    with torch.no_grad():
+        s = student(input_ids=ids).logits[0, len(prompt) - 1:-1]
+        t = teacher.model(input_ids=ids).logits[0, len(prompt) - 1:-1, :len(tok)]
+    assert torch.allclose(div[i, :n], reverse_kl(s, t), atol=1e-5)
 
 
 @pytest.mark.parametrize("overrides,match", [

@@ -1,0 +1,80 @@
+"""``grpoplus train --dry-run``: check a config and show what its run would do, loading and starting nothing.
+
+A recipe for a GPU cluster is worth checking before the cluster is booked, often on a machine that has no
+GPU, no vLLM and no Ray. The dry run validates the config as a run does (a bad key or value fails the same
+way), but notes what the machine lacks (:mod:`grpoplus.needs`) instead of stopping; then it shows the
+resolved config, where each role would run, the memory each device would hold, and the tokens of a step.
+No weight is read: parameter counts come from config.json / GGUF headers or the table of
+:mod:`grpoplus.dryrun.sizes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from grpoplus.config import Config, build_config
+from grpoplus.dryrun.memory import Device, estimate_memory
+from grpoplus.dryrun.roles import Role, machine_needs, plan_roles, warnings
+from grpoplus.dryrun.sizes import ModelSize, model_size
+from grpoplus.dryrun.tokens import Tokens, token_budget
+from grpoplus.needs import collecting
+
+
+@dataclass
+class DryRun:
+    """Everything a dry run found; :func:`grpoplus.dryrun.report.render` writes it out."""
+
+    config: Config
+    config_yaml: str  # what the run would save as RUN/config.yaml
+    roles: list[Role]
+    policy: ModelSize
+    teacher: ModelSize | None  # a local teacher (an endpoint's model is not on this run's devices)
+    devices: list[Device]
+    tokens: Tokens
+    needs: list[str]  # what this machine lacks: the run would stop on it
+    notes: list[str]
+
+
+def dry_run(preset: str | None = None, yaml_path: str | None = None, overrides: list[str] | None = None,
+            resume: str | None = None) -> DryRun:
+    """Check the config ``grpoplus train`` would build from these arguments and plan its run (``resume``: the
+    run directory whose saved config a resumed run would take, with ``overrides`` on top)."""
+    with collecting() as needs:
+        cfg = _resumed(resume, overrides or []) if resume else build_config(preset, yaml_path, overrides)
+    return plan(cfg, needs)
+
+
+def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
+    """The dry run of a validated config (``needs``: what its checks noted this machine lacks)."""
+    from grpoplus.teacher import is_endpoint
+
+    policy = model_size(cfg.learner.model)
+    spec = cfg.learner.teacher
+    teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
+    tokens = token_budget(cfg)
+    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), plan_roles(cfg), policy, teacher,
+                  estimate_memory(cfg, policy, teacher, tokens), tokens,
+                  list(needs or []) + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
+
+
+def _resumed(run_dir: str, overrides: list[str]) -> Config:
+    """The config a resumed run takes: the run's saved config.yaml with the overrides on top."""
+    from grpoplus.rundir import RunDir
+
+    path = RunDir(run_dir).config
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume: {path} does not exist (is {run_dir!r} a grpoplus run directory?)")
+    saved = yaml.safe_load(path.read_text())
+    cfg = build_config(overrides=[o for o in overrides if not o.startswith("run.out=")], base=saved)
+    cfg.run.out = run_dir
+    return cfg
+
+
+def print_dry_run(preset: str | None, yaml_path: str | None, overrides: list[str], resume: str | None = None) -> int:
+    """The CLI's ``--dry-run``: print the plan; exit code 0 (a bad config raises as in a run)."""
+    from grpoplus.dryrun.report import render
+
+    print(render(dry_run(preset, yaml_path, overrides, resume)))
+    return 0

@@ -1,0 +1,232 @@
+"""Memory per device for a dry run: what each role keeps resident, from the parameter counts alone.
+
+Counted, in bytes per parameter: the policy's float32 master weights (4; ``bf16_mixed`` keeps them float32
+too), their gradients (4) and AdamW's two moments (8), all divided by the ranks under ``fsdp2`` and whole on
+every rank under ``replicate``; with LoRA the frozen base weights (4) and 16 per adapter parameter; rank 0's
+whole-policy copy under ``fsdp2``; the frozen reference (4, its linear weights 2 under ``bf16_mixed``) and
+teacher (4) on every learner rank; the engines' own copies of the weights. Not counted: activations (they
+grow with ``learner.micro_batch_size`` and the sequence length), the allocator's slack and the CUDA context;
+KV caches are sized roughly beside the total, not in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpoplus.config import Config
+from grpoplus.dryrun.sizes import ModelSize
+from grpoplus.dryrun.tokens import Tokens
+
+FP32, GRADIENT, ADAMW = 4, 4, 8
+"""Bytes per parameter of a float32 weight, its float32 gradient and AdamW's two float32 moments."""
+LORA_TRAINED = FP32 + GRADIENT + ADAMW
+VLLM_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+VLLM_CPU_KV_BYTES = 1 << 30  # what the vllm engine reserves for its KV cache on a CPU (rollout/vllm_engine.py)
+VLLM_GPU_UTILIZATION = 0.9  # vLLM's own default share of the GPU's memory
+
+
+@dataclass(frozen=True)
+class Item:
+    what: str
+    bytes: int | None  # None: not known (the model's size is unknown)
+
+
+@dataclass
+class Device:
+    """One device (or ``count`` alike), the roles on it, what they keep resident, and what is sized or
+    reserved beside the total (``aside``)."""
+
+    label: str
+    roles: str
+    count: int = 1
+    items: list[Item] = field(default_factory=list)
+    aside: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int | None:
+        sizes = [item.bytes for item in self.items]
+        return None if None in sizes else sum(sizes)
+
+
+def estimate_memory(cfg: Config, policy: ModelSize, teacher: ModelSize | None, tokens: Tokens) -> list[Device]:
+    """The devices of ``cfg``'s placement with their resident memory (``teacher``: a local teacher, else None)."""
+    if cfg.run.cluster == "ray":
+        return _ray_devices(cfg, policy, teacher, tokens)
+    return _local_devices(cfg, policy, teacher, tokens)
+
+
+def _local_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, tokens: Tokens) -> list[Device]:
+    lrn, r = cfg.learner, cfg.rollout
+    first = Device(_device_label(lrn.device, 0), f"learner rank 0 + rollout engine {r.engine} (the driver's process)")
+    first.items = learner_items(cfg, policy, teacher, rank=0)
+    engine, aside = engine_items(cfg, policy, own_copy=r.max_staleness > 0, tokens=tokens, workers=1)
+    first.items += engine
+    first.aside += aside
+    devices = [first]
+    if lrn.data_parallel > 1:
+        others = lrn.data_parallel - 1
+        devices.append(Device(_device_label(lrn.device, 1, lrn.data_parallel - 1), f"learner ranks 1-{others}, each",
+                              others, learner_items(cfg, policy, teacher, rank=1)))
+    return devices
+
+
+def _ray_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, tokens: Tokens) -> list[Device]:
+    lrn, r = cfg.learner, cfg.rollout
+    label = "1 GPU each" if lrn.device.startswith("cuda") else "cpu (a Ray node's memory)"
+    engine, aside = engine_items(cfg, policy, own_copy=True, tokens=tokens, workers=r.workers)
+    devices = [Device(label, f"rollout worker ({r.engine}), each", r.workers, engine, aside),
+               Device(label, "learner rank 0", 1, learner_items(cfg, policy, teacher, rank=0))]
+    if lrn.data_parallel > 1:
+        others = lrn.data_parallel - 1
+        devices.append(Device(label, f"learner ranks 1-{others}, each", others,
+                              learner_items(cfg, policy, teacher, rank=1)))
+    devices.append(Device("the driver's host memory", "driver (loads the policy on its CPU to hand the weights out)",
+                          1, [Item("the policy, fp32", _bytes(policy.params, FP32)),
+                              Item("its weights in Ray's object store", _bytes(policy.params, FP32))]))
+    return devices
+
+
+def _device_label(device: str, first: int, last: int | None = None) -> str:
+    """``cuda:0``, ``cuda:1-7`` (a rank's local device), or the CPU's host memory."""
+    if not device.startswith("cuda"):
+        return "cpu (host memory)"
+    if device != "cuda":
+        return device
+    return f"cuda:{first}" if last is None or last == first else f"cuda:{first}-{last}"
+
+
+def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, rank: int) -> list[Item]:
+    """What learner rank ``rank`` keeps: the trained policy (its shard), rank 0's whole copy under fsdp2, the
+    reference and the teacher."""
+    from grpoplus.build.learner import is_sharded
+
+    items = policy_items(cfg, policy)
+    if is_sharded(cfg) and rank == 0:
+        items.append(Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
+                          _bytes(policy.params, FP32)))
+    reference = reference_item(cfg, policy)
+    if reference is not None:
+        items.append(reference)
+    if teacher is not None:
+        items.append(Item(f"teacher {teacher.name}, fp32, frozen", _bytes(teacher.params, FP32)))
+    return items
+
+
+def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
+    """The trained policy: full fine-tuning (weights, gradients, AdamW; sharded under fsdp2) or LoRA."""
+    from grpoplus.build.learner import is_sharded
+
+    lrn, params = cfg.learner, policy.params
+    if lrn.lora_rank:
+        items = [Item("base weights, fp32, frozen", _bytes(params, FP32))]
+        adapters = policy.arch.lora_parameters(lrn.lora_rank, lrn.lora_target_modules) if policy.arch else None
+        if adapters is not None:
+            items.append(Item(f"LoRA adapters ({adapters / 1e6:.1f}M parameters): weights, gradients, AdamW, fp32",
+                              adapters * LORA_TRAINED))
+        return items
+    shards = lrn.data_parallel if is_sharded(cfg) else 1
+    share = f", a 1/{shards} shard" if shards > 1 else ""
+    return [Item(f"weights, fp32 master{share}", _bytes(params, FP32, shards)),
+            Item(f"gradients, fp32{share}", _bytes(params, GRADIENT, shards)),
+            Item(f"AdamW moments (2), fp32{share}", _bytes(params, ADAMW, shards))]
+
+
+def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
+    """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
+    if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
+        return None
+    if cfg.learner.precision == "fp32" or policy.arch is None or policy.params is None:
+        return Item("reference, fp32, frozen", _bytes(policy.params, FP32))
+    linear = policy.arch.linear_parameters()
+    return Item("reference, frozen (linear weights in bfloat16)", linear * 2 + (policy.params - linear) * FP32)
+
+
+def engine_items(cfg: Config, policy: ModelSize, own_copy: bool, tokens: Tokens, workers: int
+                 ) -> tuple[list[Item], list[str]]:
+    """A rollout engine's memory beyond the learner's: ``own_copy`` when it samples its own copy of the policy
+    (a Ray rollout worker, or a sampler running ahead with max_staleness > 0). Returns (items, aside)."""
+    r = cfg.rollout
+    items = [Item("the sampler's own copy of the policy, fp32", _bytes(policy.params, FP32))] if own_copy else []
+    aside: list[str] = []
+    if r.engine == "vllm":
+        more, aside = _vllm(cfg, policy)
+        items += more
+    elif r.engine == "hf":
+        more, aside = _hf(cfg, policy)
+        items += more
+    else:
+        aside.append(f"rollout engine {r.engine}: its own memory is not estimated")
+    kv = kv_cache_note(cfg, policy, tokens, workers)
+    return items, aside + ([kv] if kv else [])
+
+
+def _hf(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
+    """The hf engine samples with the learner's own module; it adds a merged copy of the adapted layers (LoRA),
+    a quantized copy, or on a CPU oneDNN's reordered copy of the linear weights while it samples."""
+    from grpoplus.learner.precision import COMPUTE_DTYPES
+
+    lrn, r, arch, params = cfg.learner, cfg.rollout, policy.arch, policy.params
+    linear = arch.linear_parameters() if arch else params
+    items: list[Item] = []
+    if lrn.lora_rank:
+        merged = arch.adapted_weights(lrn.lora_target_modules) if arch else None
+        items.append(Item("merged copy of the adapted layers (W + BA), fp32", _bytes(merged, FP32)))
+    if r.quantization == "bf16_rounded":
+        items.append(Item("bf16-rounded copy of the weights (stored fp32)", _bytes(params, FP32)))
+    elif r.quantization == "int8":
+        items.append(Item("int8 copy of the linear weights", _bytes(linear, 1)))
+    elif not lrn.device.startswith("cuda") and r.engine_kwargs.get("pack_weights", True):
+        size = COMPUTE_DTYPES[lrn.precision].itemsize
+        items.append(Item("oneDNN's reordered copy of the linear weights, while sampling", _bytes(linear, size)))
+    return items, []
+
+
+def _vllm(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
+    """vLLM's own copy of the (base) weights, and its KV cache: sized on a CPU, a share of the GPU on a GPU."""
+    lrn, r = cfg.learner, cfg.rollout
+    extra = r.engine_kwargs
+    dtype = str(extra.get("dtype") or ("bfloat16" if lrn.precision == "bf16_mixed" else "float32"))
+    size = VLLM_DTYPE_BYTES.get(dtype, 2)
+    base = "base weights" if lrn.lora_rank else "weights"
+    items = [Item(f"vLLM's copy of the {base} ({dtype})", _bytes(policy.params, size))]
+    if not lrn.device.startswith("cuda"):
+        kv = int(extra.get("kv_cache_memory_bytes", VLLM_CPU_KV_BYTES))
+        return items + [Item("vLLM's KV cache (kv_cache_memory_bytes)", kv)], []
+    if "kv_cache_memory_bytes" in extra:
+        return items + [Item("vLLM's KV cache (kv_cache_memory_bytes)", int(extra["kv_cache_memory_bytes"]))], []
+    share = extra.get("gpu_memory_utilization")
+    said = f"gpu_memory_utilization={share}" if share is not None else \
+        f"gpu_memory_utilization={VLLM_GPU_UTILIZATION} (vLLM's default: not set in rollout.engine_kwargs)"
+    sleep = ("; it sleeps (frees it) during each update" if extra.get("sleep_between_steps")
+             else "; held during the update too (rollout.engine_kwargs.sleep_between_steps: true frees it)")
+    return items, [f"vLLM takes {said} of the GPU's memory for its weights, KV cache and activations, not in the "
+                   f"total{sleep}"]
+
+
+def kv_cache_note(cfg: Config, policy: ModelSize, tokens: Tokens, workers: int) -> str | None:
+    """A rough KV cache size: the rows an engine decodes at once, each at its longest, x the bytes per token."""
+    from grpoplus.learner.precision import COMPUTE_DTYPES
+
+    if policy.arch is None:
+        return None
+    r = cfg.rollout
+    rows = r.max_num_seqs or -(-tokens.rows // workers)
+    length = tokens.longest_row or tokens.budget
+    per_token = policy.arch.kv_bytes_per_token(COMPUTE_DTYPES[cfg.learner.precision].itemsize)
+    what = "prompt + response" if tokens.longest_row else "responses only: prompt length unknown"
+    at_once = "rollout.max_num_seqs" if r.max_num_seqs else \
+        "the whole batch at once" if workers == 1 else "a worker's share of the batch at once"
+    return (f"KV cache, rough: {rows} rows x {length} tokens ({what}) x {per_token / 1024:.0f} KiB per token = "
+            f"{gigabytes(rows * length * per_token)} ({at_once}; not in the total)")
+
+
+def _bytes(params: int | None, per: int, shards: int = 1) -> int | None:
+    """``per`` bytes for each parameter of a rank's share: the whole, or a shard of ceil(params / shards)."""
+    return None if params is None else -(-params // shards) * per
+
+
+def gigabytes(size: int | None) -> str:
+    """``12.30 GB`` or ``3.4 MB`` (powers of 10, as the loader's own memory check says them), or ``unknown``."""
+    if size is None:
+        return "unknown"
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"

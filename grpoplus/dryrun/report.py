@@ -1,0 +1,78 @@
+"""The text a dry run prints: the resolved config, the roles, the models, memory per device, tokens per step,
+what this machine lacks and the notes; each section short enough to read before booking a cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grpoplus.dryrun.memory import gigabytes
+
+if TYPE_CHECKING:
+    from grpoplus.dryrun import DryRun
+    from grpoplus.dryrun.sizes import ModelSize
+
+HEADER = "grpoplus train --dry-run: the config checked; no weight loaded, no engine, process or Ray started"
+NOT_COUNTED = ("memory per device (estimate: weights, gradients, AdamW state, reference, teacher, engine copies; "
+               "not activations, the allocator's slack or the CUDA context):")
+
+
+def render(run: DryRun) -> str:
+    lines = [HEADER, "", "resolved config (what RUN/config.yaml would hold):"]
+    lines += [f"  {line}" for line in run.config_yaml.splitlines()]
+    lines += ["", "roles:"] + [f"  {role.name:<10} {role.where}" for role in run.roles]
+    lines += ["", "models:", _model("policy", run.policy)]
+    if run.teacher is not None:
+        lines.append(_model("teacher", run.teacher))
+    lines += ["", NOT_COUNTED] + _devices(run)
+    lines += ["", "tokens per step:"] + _tokens(run)
+    lines += ["", "needs (this machine lacks them: a run here would stop):"]
+    lines += [f"  - {need}" for need in run.needs] or ["  none"]
+    lines += ["", "notes:"] + ([f"  - {note}" for note in run.notes] or ["  none"])
+    return "\n".join(lines)
+
+
+def _model(role: str, size: ModelSize) -> str:
+    count = "unknown" if size.params is None else f"{size.params:,} parameters ({_short(size.params)})"
+    return f"  {role:<8} {size.name}: {count}; from {size.source}"
+
+
+def _short(count: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= scale:
+            return f"{count / scale:.{3 if unit == 'B' else 1}f}{unit}"
+    return str(count)
+
+
+def _devices(run: DryRun) -> list[str]:
+    lines = []
+    for device in run.devices:
+        count = f" x {device.count}" if device.count > 1 else ""
+        lines.append(f"  {device.label}{count}, {device.roles}: {gigabytes(device.total)}")
+        lines += [f"    {gigabytes(item.bytes):>11}  {item.what}" for item in device.items]
+        lines += [f"    aside: {text}" for text in device.aside]
+    return lines
+
+
+def _tokens(run: DryRun) -> list[str]:
+    t, cfg = run.tokens, run.config
+    r, algo, lrn = cfg.rollout, cfg.algo, cfg.learner
+    budget = ("the episode budget: rollout.max_episode_tokens" if r.max_episode_tokens else
+              "the episode budget: rollout.max_turns x max_new_tokens") if t.multi_turn else "rollout.max_new_tokens"
+    lines = [f"  {t.rows} responses per rollout batch ({r.prompts_per_step} prompts x {r.group_size})",
+             f"  responses: at most {t.budget} tokens each ({budget}): {t.response_tokens:,} tokens"]
+    if t.prompt_mean is None:
+        lines.append(f"  prompts: {t.prompt_source}")
+    else:
+        lines.append(f"  prompts: {t.prompt_mean:.0f} tokens on average, {t.prompt_max} at most ({t.prompt_source}): "
+                     f"about {t.prompt_tokens:,} tokens")
+        lines.append(f"  a sampling round: up to {t.prompt_tokens + t.response_tokens:,} tokens")
+    if t.max_rounds > 1:
+        lines.append(f"  dynamic sampling: up to {t.max_rounds} rounds per step (refills draw only the groups "
+                     "still missing)")
+    micro = (f"micro-batches by a budget of {lrn.micro_batch_tokens} tokens" if lrn.micro_batch_tokens else
+             f"{t.micro_batches} micro-batch(es) of learner.micro_batch_size={lrn.micro_batch_size}")
+    lines.append(f"  optimizer steps per rollout batch: {t.updates_per_batch} ({algo.num_iterations} iteration(s) x "
+                 f"{algo.num_minibatches} mini-batch(es) of {t.minibatch_rows} responses, each {micro})")
+    lines.append(f"  the run: {cfg.run.max_steps} rollout batches, {cfg.run.max_steps * t.updates_per_batch} "
+                 "optimizer steps")
+    return lines

