@@ -93,7 +93,8 @@ def build_policy(cfg: Config, device: str | None = None):
     with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
         return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
                            device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
-                           lora=cfg.learner.lora_rank > 0)
+                           lora=cfg.learner.lora_rank > 0,
+                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1)
 
 
 @contextmanager

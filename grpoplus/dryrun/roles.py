@@ -149,19 +149,18 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
         notes.append("learner.precision=bf16_mixed needs native bfloat16 on the GPU (NVIDIA compute capability 8.0 "
                      "or newer: A100, H100, RTX 30xx/40xx); older GPUs are refused when the run starts")
     if teacher is not None and teacher.arch and policy.arch and teacher.arch.vocab != policy.arch.vocab:
-        notes.append(f"teacher {teacher.name!r} predicts over {teacher.arch.vocab} tokens, the policy over "
-                     f"{policy.arch.vocab}: a local teacher must share the policy's vocabulary, and the run refuses "
-                     "it when it loads (serve it with vLLM and name its URL instead, if the tokenizers are the same)")
+        notes.append(f"teacher {teacher.name!r} predicts over {teacher.arch.vocab} rows, the policy over "
+                     f"{policy.arch.vocab}: fine when both have one tokenizer (the rows past it are padding); the run "
+                     "compares the tokenizers when it starts")
     if policy.params is not None and not is_builtin(lrn.model):  # the built-in models load unchecked
-        need = training_bytes(policy.params, torch.float32, lora=lrn.lora_rank > 0)
-        sharded = " (the check counts the whole model on every rank: it does not know of fsdp2's sharding)" \
-            if _sharded(cfg) else ""
+        shards = lrn.data_parallel if _sharded(cfg) else 1
+        need = training_bytes(policy.params, torch.float32, lora=lrn.lora_rank > 0, shards=shards)
         notes.append(f"load check: every process that loads the policy ({_loaders(cfg)}) refuses to unless about "
-                     f"{need / 1e9:.1f} GB is free on its device (grpoplus.models.memory.check_fits){sharded}")
+                     f"{need / 1e9:.1f} GB is free on its device (grpoplus.models.memory.check_fits)")
     if teacher is not None and teacher.params is not None:
-        need = training_bytes(teacher.params, torch.float32, lora=False)
-        notes.append(f"load check: the teacher loads with the same check, as if it were trained: about "
-                     f"{need / 1e9:.1f} GB free on each learner rank's device after the policy")
+        need = training_bytes(teacher.params, torch.float32, lora=False, trains=False)
+        notes.append(f"load check: the teacher's weights, about {need / 1e9:.1f} GB, must be free on each learner "
+                     "rank's device after the policy")
     return notes
 
 

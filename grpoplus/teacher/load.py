@@ -25,7 +25,7 @@ def load_teacher(spec: str, device: str | torch.device):
     from grpoplus.models.load import load_policy
     from grpoplus.teacher.local import LocalTeacher
 
-    model, _ = load_policy(spec, device=device)
+    model, _ = load_policy(spec, device=device, trains=False)
     return LocalTeacher(model)
 
 

@@ -124,3 +124,11 @@ def test_freed_tensors_go_back_to_the_system_when_given_back(mode):
         assert kept_mib > 150  # glibc keeps the freed 200 MiB
     else:
         assert kept_mib < 20
+
+
+def test_sharded_training_state_counts_its_share_per_rank():
+    whole = memory.training_bytes(1_000_000, torch.float32, lora=False)
+    eight = memory.training_bytes(1_000_000, torch.float32, lora=False, shards=8)
+    # the whole model as loaded (rank 0's plain copy) + a shard of weights, gradients and AdamW's two moments
+    assert eight == int(1_000_000 * 4 * (1 + 4 / 8) * memory.MARGIN) < whole
+    assert memory.training_bytes(1_000_000, torch.float32, lora=False, trains=False) == int(4_000_000 * memory.MARGIN)
