@@ -25,6 +25,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from grpoplus.models.kv_cache import cache_kwargs
+
 
 def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, prompt_len: int, t1: int, always: bool = False
@@ -54,7 +56,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
         0, inverse, torch.arange(len(prompts)), "amin")  # [u] a row holding each distinct prompt
     body = model.model
     head_in = body(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
-                   position_ids=position_ids[first, :prompt_len], past_key_values=cache,
+                   position_ids=position_ids[first, :prompt_len], **cache_kwargs(body, cache),
                    use_cache=True).last_hidden_state[inverse, -1:]  # [n, 1, H]: predicts response token 0
     if t1 == 1:
         return head_in
@@ -62,7 +64,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     rows.layers = [_RowLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
     cols = slice(prompt_len, prompt_len + t1 - 1)
     rest = body(input_ids=input_ids[:, cols], attention_mask=attention_mask[:, :prompt_len + t1 - 1],
-                position_ids=position_ids[:, cols], past_key_values=rows, use_cache=True).last_hidden_state
+                position_ids=position_ids[:, cols], **cache_kwargs(body, rows), use_cache=True).last_hidden_state
     return torch.cat([head_in, rest], 1)  # [n, t1, H]
 
 

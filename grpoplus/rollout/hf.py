@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.learner.precision import autocast_to
+from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
@@ -94,7 +95,7 @@ def prefill(model, input_ids, attention_mask, repeats, capacity: int) -> DecodeS
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+                   **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
     expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
     masks = attention_mask.new_ones(len(expand), capacity)  # sampled columns are attended to
     masks[:, : input_ids.shape[1]] = attention_mask[expand]
@@ -127,7 +128,7 @@ def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id:
             s.rows, running, tok, s.next_pos = (x[keep] for x in (s.rows, running, tok, s.next_pos))
         s.length += 1
         s.logits = model(input_ids=tok[:, None], attention_mask=s.masks[: len(s.rows), : s.length],
-                         position_ids=s.next_pos, past_key_values=s.cache, use_cache=True).logits[:, -1]  # [m, V]
+                         position_ids=s.next_pos, **cache_kwargs(model, s.cache), use_cache=True).logits[:, -1]  # [m, V]
         s.next_pos = s.next_pos + 1
     return torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), finished
 
@@ -148,8 +149,8 @@ class HFEngine:
     """Batched, KV-cached sampling of ``params.n`` responses per prompt with a transformers model.
 
     Args:
-        model: a causal LM (``LlamaForCausalLM`` or any model taking ``position_ids`` and
-            ``past_key_values``); its device is used.
+        model: a causal LM (``LlamaForCausalLM`` or any model taking ``position_ids`` and a KV
+            cache, ``past_key_values`` or ``cache``: grpoplus.models.kv_cache); its device is used.
         tokenizer: its tokenizer; prompts are tokenised with its own special tokens
             (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
         options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
