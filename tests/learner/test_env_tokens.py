@@ -11,6 +11,7 @@ whose responses are turn 1 (sampled), an observation (environment tokens), turn 
 """
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -91,7 +92,9 @@ def _recording(monkeypatch) -> list:
     return masks
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", [pytest.param(name, marks=pytest.mark.skipif(
+    name == "LoRA" and importlib.util.find_spec("peft") is None, reason="LoRA needs peft: pip install -e '.[lora]'"))
+    for name in PATHS])
 def test_environment_tokens_are_attended_to_and_never_carry_loss(tok, path, monkeypatch):
     overrides = PATHS[path]
     masks = _recording(monkeypatch)
