@@ -29,7 +29,7 @@ from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
 
-LOSS_KEYS = ("loss/policy", "loss/distill", "loss/total")  # micro-batch parts of one globally normalised loss: they add up
+LOSS_KEYS = ("loss/policy", "loss/distill", "loss/total")  # micro-batch parts of one globally normalised loss: add up
 
 
 def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.Tensor]:
@@ -112,7 +112,8 @@ def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tenso
                                 logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
                                 entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
     if algo.distill_loss != "off":  # section 11: the divergence aggregated like the policy term
-        distill = algo.distill_coef * AGGREGATIONS.get(algo.aggregation)(divergence * loss_mask, loss_mask, norm)
+        m = loss_mask.to(divergence.dtype)
+        distill = algo.distill_coef * AGGREGATIONS.get(algo.aggregation)(divergence * m, m, norm)
         loss = loss + distill
         metrics["loss/distill"] = float(distill.detach())
         metrics["loss/total"] += metrics["loss/distill"]

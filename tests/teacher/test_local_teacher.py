@@ -153,3 +153,32 @@ def test_rl_with_a_dense_teacher_signal_trains_and_reports_agreement(nano_dir, s
     last = read_metrics(out)[-1]
     assert 0.0 <= last["opd/top1_agreement"] <= 1.0 and last["opd/reverse_kl"] == last["opd/reverse_kl"]
     assert "loss/distill" not in last
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")  # recorded, not stepped
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batchs(tok, rollouts, aggregation):
+    import copy
+
+    from grpoplus.build.learner import build_learner_parts, build_learner_plan
+    from grpoplus.containers import ScoredGroups
+    from grpoplus.distributed.learner import learn_step
+
+    rewards = torch.randn(len(rollouts.texts), generator=torch.Generator().manual_seed(2))
+    scored = ScoredGroups(rollouts, rewards, rewards > 0, {})
+    gradients = []
+    for micro in (9, 2):
+        cfg = build_config("grpo", overrides=["teacher=/unused", "distill_loss=gjsd", "distill_coef=0.7",
+                                              f"aggregation={aggregation}", f"micro_batch_size={micro}"])
+        cfg.learner.teacher = None  # the teacher is handed in below, not loaded
+        student = tiny_model(tok, size="nano", seed=0)
+        parts, plan = build_learner_parts(cfg, student), build_learner_plan(cfg, student)
+        parts.teacher = LocalTeacher(tiny_model(tok, size="nano", seed=1))
+        seen = {}
+        parts.optimizer.step = lambda seen=seen, model=student: seen.update(
+            {n: p.grad.clone() for n, p in model.named_parameters()})
+        result = learn_step(parts, copy.deepcopy(scored), 1, cfg.algo, plan)
+        assert result.metrics["loss/distill"] > 0
+        gradients.append(seen)
+    for key, whole in gradients[0].items():
+        assert torch.allclose(whole, gradients[1][key], rtol=1e-4, atol=1e-7), key
