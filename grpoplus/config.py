@@ -661,7 +661,10 @@ def _check_scale(cfg: Config) -> None:
     if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
         import os
 
-        _check_local_devices(lrn.device, int(os.environ.get("LOCAL_WORLD_SIZE", lrn.data_parallel)))
+        # torchrun's own variable only (TORCHELASTIC_RUN_ID): vLLM's CPU platform sets LOCAL_WORLD_SIZE in the process
+        # that ran an engine, which would pass for a torchrun node of one rank
+        torchrun = "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
+        _check_local_devices(lrn.device, int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else lrn.data_parallel)
 
 
 def _check_sharded(cfg: Config) -> None:

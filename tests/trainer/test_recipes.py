@@ -164,7 +164,7 @@ def test_a_missing_package_or_device_is_a_need_not_an_error(monkeypatch):
     overrides = ["rollout.engine=vllm", "loggers=[wandb]", "learner.device=cuda", "learner.data_parallel=4"]
     needs = " | ".join(dry_run(overrides=overrides).needs)
     for what in ("vllm package", "wandb package", "has 0 GPUs", "learner.data_parallel=4"):
-        assert what in needs
+        assert what in needs, needs
     assert "ray package" in " | ".join(dry_run(overrides=["cluster=ray", "rollout.workers=2"]).needs)
     assert "peft package" in " | ".join(dry_run(overrides=["lora_rank=8"]).needs)
     assert "needs a CUDA GPU" in " | ".join(dry_run(overrides=["learner.device=cuda"]).needs)
@@ -208,3 +208,11 @@ def test_a_teacher_with_another_vocabulary_is_warned_of():
     served = dry_run(overrides=["model=/models/Qwen2.5-1.5B-Instruct", "teacher=http://localhost:8000/v1",
                                 "lambda_opd=0.1"])
     assert served.teacher is None and not any(i.what.startswith("teacher") for i in served.devices[0].items)
+
+
+def test_a_local_world_size_left_by_a_vllm_engine_is_not_taken_for_torchrun(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # what vLLM's CPU platform sets in the process that ran an engine
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    needs = " | ".join(dry_run(overrides=["learner.device=cuda", "learner.data_parallel=4"]).needs)
+    assert "learner.data_parallel=4 needs one device per rank" in needs, needs
