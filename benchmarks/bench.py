@@ -3,7 +3,7 @@
     python benchmarks/bench.py default [--steps 12]   # the default run: s/step by stage, tok/s, peak memory
     python benchmarks/bench.py vs-trl  [--steps 20]   # side by side with TRL's GRPOTrainer, same model/task
 
-``default`` runs the README's default training (preset dapo, task arithmetic, built-in model) for a
+``default`` runs the default training (the main job) (preset dapo, task arithmetic, built-in model) for a
 few steps and prints the median seconds per step split into rollout / reward / learner, rollout and
 learner tokens per second, and the process's peak resident memory.
 

@@ -1,4 +1,4 @@
-"""The algorithm core of grpoplus, usable without the trainer (see README.md, section The algorithm core).
+"""The algorithm core of grpoplus, usable without the trainer (see docs/concepts/algorithm-core.md).
 
     from grpoplus.algo import AlgoConfig, compute_advantages, policy_loss
 

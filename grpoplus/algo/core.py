@@ -211,7 +211,7 @@ def policy_loss(
     ``entropy`` [N, T] (with grad): the token entropy; the bonus ``-c * agg(H)`` is added, with
     the policy term's aggregation and denominators and ``c = entropy_coef`` (default
     ``cfg.entropy_coef``; required with ``cfg.entropy_adaptive``, from :class:`EntropyControl`).
-    Returns ``(loss, metrics)``; metrics are floats with the keys listed in README.md, section The algorithm core.
+    Returns ``(loss, metrics)``; metrics are floats with the keys listed in docs/concepts/algorithm-core.md.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [N, T], got {tuple(logp.shape)}")

@@ -7,7 +7,7 @@ MiniMax-M1 16; the GSPO paper 4 mini-batches; verl's recipes for SAPO, DPPO, Cli
 256 prompts in mini-batches of 32 = 8). At grpoplus's default batch (32 prompts x 8
 responses) a mini-batch of 2-4 prompts is too noisy, so the presets that follow such a
 recipe take ``num_minibatches=4`` (8 prompts = 64 responses per update), ``dapo`` included
-(its demo learns as much as with one update: README, "What the demo shows").
+(its demo learns as much as with one update: docs/concepts/algorithms.md, "Presets").
 """
 
 from __future__ import annotations

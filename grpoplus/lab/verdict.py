@@ -198,7 +198,7 @@ def _span(values: list[float]) -> str:
 
 
 def summary_table(verdicts: list[ExperimentVerdict]) -> str:
-    """The README table: one row per claim with its measured effect, verdict and command."""
+    """The summary table (docs/results/lab.md): one row per claim with its measured effect, verdict and command."""
     lines = ["| experiment | claim | measure | effect: mean [min, max] | verdict | seeds x steps | command |",
              "|---|---|---|---:|---|---|---|"]
     for v in verdicts:

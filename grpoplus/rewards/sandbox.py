@@ -9,7 +9,7 @@ and the file system's permissions apply. At the end, whatever happened, the proc
 and every process still running under that uid are killed, so no child outlives the call.
 
 What is and is not isolated is recorded in every :class:`SandboxResult`
-(``network_isolated``, ``user_isolated``) and described in ``README.md, section Code sandbox``.
+(``network_isolated``, ``user_isolated``) and described in ``docs/how-to/own-reward.md``, section Code sandbox.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_reinforce_pp_token_whitening_matches_loop():
 
 
 def test_token_whitening_weights_long_responses_more_than_response_whitening():
-    # Worked example (README): groups {correct 9 tokens, wrong 1 token} and {correct 1, wrong 1}.
+    # Worked example (docs/concepts/algorithms.md): groups {correct 9 tokens, wrong 1 token} and {correct 1, wrong 1}.
     # Centred A = +0.5 / -0.5 in both groups. Over responses the mean is 0: correct and wrong stay
     # symmetric (+-0.5 / std). Over tokens the 9 tokens of the long correct response pull the mean
     # to (9*0.5 - 0.5 + 0.5 - 0.5)/12 = 1/3: every correct response gets (0.5 - 1/3) = +1/6 and every

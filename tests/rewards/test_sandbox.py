@@ -9,7 +9,7 @@ import pytest
 
 from grpoplus.rewards.sandbox import run_python
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid isolation needs root (see README.md, section Code sandbox)")
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid isolation needs root (see docs/how-to/own-reward.md, Code sandbox)")
 SANDBOX_UID_MIN = 1_900_000_000
 
 
@@ -168,5 +168,5 @@ def test_orphaned_child_in_its_own_session_is_killed():
     assert result.status == "ok"
     pid = int(result.stdout.split()[0])
     if not result.user_isolated:
-        pytest.skip("without a sandbox uid only the process group is killed (see README.md, section Code sandbox)")
+        pytest.skip("without a sandbox uid only the process group is killed (see docs/how-to/own-reward.md, Code sandbox)")
     assert not _alive(pid)

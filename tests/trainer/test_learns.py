@@ -1,7 +1,7 @@
 """The property the whole system exists for: RL on the default setup raises held-out accuracy.
 
 Builds the default warm start (into a temporary cache, about 90 s on 2 cores) and runs
-125 steps of the default DAPO run. The README's runs of seeds 0, 1, 2 gained 20.5, 13 and 16
+125 steps of the default DAPO run. The runs of seeds 0, 1, 2 in docs/results/demo.md gained 20.5, 13 and 16
 points by step 125 (23.5 to 30.5 by step 300); at steps 50 and 75 the gain ranged from 7 to 17 points,
 too close to the noise of 200 held-out problems for a test that must hold on every seed.
 """
@@ -20,4 +20,4 @@ def test_default_run_raises_held_out_accuracy(tmp_path, monkeypatch):
     after = records[-1]["eval/accuracy"]
     assert 0.1 <= before <= 0.5  # the warm start solves some held-out problems, not most
     assert after - before >= 0.10 - 1e-6, (before, after)  # accuracies are float32 multiples of 1/200
-    # Only accuracy: response length rises on some seeds and falls on others (the README's 3 seeds).
+    # Only accuracy: response length rises on some seeds and falls on others (the 3 seeds of docs/results/demo.md).

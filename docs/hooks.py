@@ -1,0 +1,247 @@
+"""MkDocs hooks: the Reference pages are generated from the code at every build.
+
+Nothing on those pages is copied by hand, so nothing there can drift from the code:
+
+- ``reference/config.md``: every config key with its section, default and field docstring
+  (``grpoplus.config.SECTIONS``, ``grpoplus.config._field_docs``, the same text as ``--help-config``);
+- ``reference/registries.md``: every entry of every registry with the first paragraph of its docstring;
+- ``reference/presets.md``: every preset as ``grpoplus.algo.presets.describe`` states it;
+- ``reference/doctor.md``: every doctor check and every threshold (``threshold_docs``).
+
+A hand-written page can also embed generated tables with an HTML comment (invisible on GitHub):
+``<!-- config-keys: learner.lora_* -->`` (the reference rows of those keys) and
+``<!-- optional-packages -->`` (``grpoplus.packages.OPTIONAL_PACKAGES``).
+
+The pages are added in ``on_files`` as generated files (``File.generated``, MkDocs >= 1.6): nothing
+is written into ``docs/``. Tests import this module to compare the pages with the registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import inspect
+import json
+import re
+
+# (title, module, attribute, what selects an entry)
+REGISTRIES = [
+    ("Advantage estimators", "grpoplus.algo", "ADVANTAGES", "`algo.adv_estimator`"),
+    ("Policy losses", "grpoplus.algo", "LOSSES", "`algo.loss`"),
+    ("Loss aggregations", "grpoplus.algo", "AGGREGATIONS", "`algo.aggregation`"),
+    ("KL estimators", "grpoplus.algo", "KL_ESTIMATORS", "`algo.kl_estimator`"),
+    ("Rollout corrections", "grpoplus.algo", "CORRECTIONS", "`algo.corrections` (a list, applied in order)"),
+    ("Distillation losses", "grpoplus.algo", "DISTILL_LOSSES", "`algo.distill_loss`"),
+    ("Rewards", "grpoplus.rewards", "REWARDS", "`data.rewards` (`name[:weight][:key=value,...]`)"),
+    ("Tasks", "grpoplus.tasks", "TASKS", "`data.task` (`--task`)"),
+    ("Environments", "grpoplus.envs.base", "ENVS", "`data.env`"),
+    ("Tools", "grpoplus.envs.tools", "TOOLS", "`data.tools`"),
+    ("Rollout engines", "grpoplus.rollout", "ENGINES", "`rollout.engine`"),
+    ("Metrics loggers", "grpoplus.metrics", "LOGGERS", "`run.loggers`"),
+    ("Doctor checks", "grpoplus.metrics", "CHECKS", "`grpoplus doctor` runs all of them"),
+    ("Lab measures", "grpoplus.lab", "MEASURES", "an experiment's `Measure(name, ...)`"),
+    ("Lab experiments", "grpoplus.lab.experiment", "EXPERIMENTS", "`grpoplus lab NAME`"),
+]
+# modules whose import registers the built-in entries (the guess game registers an environment and a task)
+REGISTERING_MODULES = ["grpoplus.algo", "grpoplus.rewards", "grpoplus.tasks", "grpoplus.envs.guess",
+                       "grpoplus.envs.tools", "grpoplus.rollout", "grpoplus.metrics", "grpoplus.lab"]
+
+GENERATED_NOTE = ("*Generated from the code when the site is built (`docs/hooks.py`); "
+                  "nothing on this page is written by hand.*")
+
+
+def registries() -> list[tuple[str, str, str, str, object]]:
+    """``(title, module, attribute, selected by, registry)`` for every registry, built-ins registered."""
+    for name in REGISTERING_MODULES:
+        importlib.import_module(name)
+    return [(title, mod, attr, sel, getattr(importlib.import_module(mod), attr)) for title, mod, attr, sel in REGISTRIES]
+
+
+def _markdown_from_rst(text: str) -> str:
+    """Docstring markup to Markdown: ``x`` and :func:`x` become `x`."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``(.+?)``", r"`\1`", text)
+
+
+def summary(obj: object) -> str:
+    """The first paragraph of an object's docstring, on one line (Markdown)."""
+    if dataclasses.is_dataclass(obj) and hasattr(obj, "title"):  # a lab experiment
+        return f"{obj.title} ({obj.source})"
+    doc = inspect.getdoc(obj) or ""
+    paragraph = doc.strip().split("\n\n")[0]
+    return _markdown_from_rst(" ".join(paragraph.split())) or "(no docstring)"
+
+
+def cell(text: str) -> str:
+    """Text for a Markdown table cell: pipes outside code spans escaped (inside them a pipe is literal)."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in parts)
+
+
+def value_text(value: object) -> str:
+    """A config value as it is written on the command line / in YAML."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(value_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {value_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and (not value.isprintable() or value == ""):
+        return json.dumps(value)
+    return str(value)
+
+
+def _default(field: dataclasses.Field) -> object:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()  # type: ignore[misc]
+
+
+def config_rows() -> list[dict]:
+    """One dict per config key: section, name, key, default, the default run's value, allowed values, doc."""
+    from grpoplus.algo import AlgoConfig
+    from grpoplus.config import SECTIONS, _field_docs, build_config, choices
+
+    run = build_config()  # a default run: the dapo preset's algo section
+    rows = []
+    for section, cls in SECTIONS.items():
+        docs = _field_docs(cls)
+        for f in dataclasses.fields(cls):
+            rows.append(dict(section=section, name=f.name, key=f"{section}.{f.name}", default=_default(f),
+                             run_value=getattr(getattr(run, section), f.name),
+                             allowed=choices(section, f.name) if cls is not AlgoConfig else None,
+                             doc=docs.get(f.name, "")))
+    return rows
+
+
+def _key_row(row: dict) -> str:
+    default = f"`{value_text(row['default'])}`"
+    if row["run_value"] != row["default"] and not (isinstance(row["run_value"], (list, tuple))
+                                                     and list(row["run_value"]) == list(row["default"])):
+        default += f" (default run: `{value_text(row['run_value'])}`)"
+    doc = row["doc"]
+    if row["allowed"]:
+        doc += " One of: " + ", ".join(f"`{v}`" for v in row["allowed"]) + "."
+    return f"| `{row['key']}` | {default} | {cell(doc)} |"
+
+
+KEY_TABLE_HEAD = ["| key | default | meaning |", "|---|---|---|"]
+
+
+def config_page() -> str:
+    from grpoplus.config import SECTIONS
+
+    rows = config_rows()
+    out = ["# Configuration keys", "", GENERATED_NOTE, "",
+           "Every key of the config tree, by section, with its default and its field docstring (the text "
+           "`grpoplus train --help-config` prints). A bare key (`eps_high=0.3`) names the one field of that name "
+           "in any section; a dotted key (`rollout.temperature=0.7`) names it explicitly. The `algo` section "
+           "is `AlgoConfig`; a run starts it from a preset, so where the default run (`--preset dapo`) "
+           "uses another value than the dataclass default, both are shown. Section numbers refer to the "
+           "[specification](../ALGORITHMS.md).", ""]
+    for section, cls in SECTIONS.items():
+        out += [f"## `{section}`", "", f"`{cls.__module__}.{cls.__name__}`", ""] + KEY_TABLE_HEAD
+        out += [_key_row(r) for r in rows if r["section"] == section]
+        out.append("")
+    return "\n".join(out)
+
+
+def key_table(patterns: list[str]) -> str:
+    """The reference rows of the keys matching ``patterns`` (``section.name`` globs), in config order."""
+    rows = [r for r in config_rows() if any(fnmatch.fnmatchcase(r["key"], p) for p in patterns)]
+    if not rows:
+        raise ValueError(f"config-keys: no key matches {patterns}")
+    return "\n".join(KEY_TABLE_HEAD + [_key_row(r) for r in rows])
+
+
+def _where(obj: object) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    return f"`{module}`"
+
+
+def registries_page() -> str:
+    out = ["# Registries", "", GENERATED_NOTE, "",
+           "Every pluggable piece of grpoplus is an entry of a registry (`grpoplus.registry.Registry`); a config "
+           "names it by its registered name. Below: every built-in entry with the first paragraph of its "
+           "docstring. Register your own with `@REGISTRY.register(\"name\")` "
+           "([Extend grpoplus](../how-to/extend.md)). Presets: [Presets](presets.md); doctor checks and thresholds: "
+           "[Doctor](doctor.md).", ""]
+    for title, mod, attr, selected_by, registry in registries():
+        if attr == "CHECKS":
+            continue  # on the doctor page
+        out += [f"## {title}", "", f"`{mod}.{attr}`; selected by {selected_by}.", "",
+                "| name | what it is | defined in |", "|---|---|---|"]
+        for name in registry.names():
+            obj = registry.get(name)
+            out.append(f"| `{name}` | {cell(summary(obj))} | {_where(obj)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def presets_page() -> str:
+    from grpoplus.algo import PRESETS
+    from grpoplus.algo.presets import describe
+
+    out = ["# Presets", "", GENERATED_NOTE, "",
+           "A preset is a named set of `AlgoConfig` values (`--preset NAME`, `AlgoConfig.preset(NAME)`); the `algo` "
+           "section of a run starts from it, and any key given after it overrides it. `grpoplus presets` prints "
+           "the same lines. Where each value comes from: [Algorithms](../concepts/algorithms.md#presets).", "",
+           "| preset | what it sets (and whose recipe it is) |", "|---|---|"]
+    for name in PRESETS.names():
+        text = describe(name)
+        assert text.startswith(f"{name}: ")
+        out.append(f"| `{name}` | {cell(text[len(name) + 2:])} |")
+    return "\n".join(out) + "\n"
+
+
+def doctor_page() -> str:
+    from grpoplus.metrics import CHECKS, DoctorThresholds, threshold_docs
+
+    docs = threshold_docs()
+    out = ["# Doctor checks and thresholds", "", GENERATED_NOTE, "",
+           "`grpoplus doctor RUN` (and the live doctor during training) runs every registered check; what each "
+           "finding means, its evidence and its fix: [Run health](../concepts/run-health.md#grpoplus-doctor-run).",
+           "", "## Checks", "", "`grpoplus.metrics.CHECKS`", "", "| code | what it detects |", "|---|---|"]
+    for name in CHECKS.names():
+        out.append(f"| `{name}` | {cell(summary(CHECKS.get(name)))} |")
+    out += ["", "## Thresholds", "",
+            "`grpoplus.metrics.DoctorThresholds`; change one with `grpoplus doctor RUN --threshold name=value`.", "",
+            "| name | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(DoctorThresholds):
+        out.append(f"| `{f.name}` | {f.default} | {cell(docs[f.name])} |")
+    return "\n".join(out) + "\n"
+
+
+PAGES = {
+    "reference/config.md": config_page,
+    "reference/registries.md": registries_page,
+    "reference/presets.md": presets_page,
+    "reference/doctor.md": doctor_page,
+}
+KEYS_COMMENT = re.compile(r"^<!-- config-keys: (.+?) -->$", re.M)
+PACKAGES_COMMENT = re.compile(r"^<!-- optional-packages -->$", re.M)
+
+
+def packages_table() -> str:
+    """``grpoplus.packages.OPTIONAL_PACKAGES`` as a table: the package, what needs it, how to install it."""
+    from grpoplus.packages import OPTIONAL_PACKAGES
+
+    rows = ["| package (import name) | needed by | install |", "|---|---|---|"]
+    rows += [f"| `{module}` | {cell(needed_by)} | `{pip}` |" for module, (needed_by, pip) in OPTIONAL_PACKAGES.items()]
+    return "\n".join(rows)
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    for path, make in PAGES.items():
+        files.append(File.generated(config, path, content=make()))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    markdown = PACKAGES_COMMENT.sub(lambda m: packages_table(), markdown)
+    return KEYS_COMMENT.sub(lambda m: key_table(m.group(1).split()), markdown)
