@@ -661,9 +661,9 @@ def _check_scale(cfg: Config) -> None:
     if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
         import os
 
-        # torchrun's own variable only (TORCHELASTIC_RUN_ID): vLLM's CPU platform sets LOCAL_WORLD_SIZE in the process
-        # that ran an engine, which would pass for a torchrun node of one rank
-        torchrun = "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
+        # only beside torchrun's WORLD_SIZE (what torchrun_follower reads): vLLM's CPU platform sets LOCAL_WORLD_SIZE
+        # alone in the process that ran an engine, which would pass for a torchrun node of one rank
+        torchrun = "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
         _check_local_devices(lrn.device, int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else lrn.data_parallel)
 
 

@@ -212,7 +212,7 @@ def test_a_teacher_with_another_vocabulary_is_warned_of():
 
 def test_a_local_world_size_left_by_a_vllm_engine_is_not_taken_for_torchrun(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # what vLLM's CPU platform sets in the process that ran an engine
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     needs = " | ".join(dry_run(overrides=["learner.device=cuda", "learner.data_parallel=4"]).needs)
     assert "learner.data_parallel=4 needs one device per rank" in needs, needs
