@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpoplus.config import Config, build_config
+from grpoplus.config import SECTIONS, Config, build_config
 
 Callback = Callable[[dict], "bool | None"]
 """Called with each step's metric record (``{"step": n, "reward/mean": ..., ...}``); returning True stops the run
@@ -151,8 +151,7 @@ def _config_values(config, settings: dict) -> dict:
     values: dict = {}
     if isinstance(config, dict):
         for key, value in config.items():
-            if isinstance(value, dict) and "." not in key and key in ("run", "data", "rollout", "learner", "algo",
-                                                                      "ray"):
+            if isinstance(value, dict) and key in SECTIONS:  # nested by section
                 values.update({f"{key}.{name}": v for name, v in value.items()})
             else:
                 values[key] = value

@@ -106,8 +106,8 @@ def training_bytes(params: int, dtype: torch.dtype, lora: bool, shards: int = 1,
     (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; with the training state
     sharded over ``shards`` ranks (learner.strategy=fsdp2), the whole model as loaded (rank 0 keeps it as the
     engines' plain copy) plus this rank's shard of weights, gradients and moments; times :data:`MARGIN`. LoRA
-    adapters are a fraction of a percent of the weights and are not
-    counted. ``trains=False``: a frozen model that only scores (a teacher): its weights alone."""
+    adapters are a fraction of a percent of the weights and are not counted. ``trains=False``: a frozen model that
+    only scores (a teacher): its weights alone."""
     size = torch.finfo(dtype).bits // 8
     if not trains:
         copies = 1
