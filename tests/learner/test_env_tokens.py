@@ -25,6 +25,7 @@ from grpoplus.distributed.learner import learn_step
 from grpoplus.models.moe import tiny_moe_model
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.teacher.local import LocalTeacher
 
 N, P, T = 8, 4, 9
 OBSERVATION = slice(3, 6)  # response columns 0-2: turn 1, 3-5: the environment's answer, 6-8: turn 2
@@ -40,6 +41,8 @@ PATHS = {
     "LoRA": ["lora_rank=4", "lora_dropout=0"],  # dropout would make two runs differ by themselves
     "bf16_mixed": ["precision=bf16_mixed"],
     "MoE, routing replay r2": ["routing_replay=r2", "logp_old=auto"],
+    "teacher: opd advantage and reverse_kl loss": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=reverse_kl"],
+    "teacher in bf16_mixed": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=gjsd", "precision=bf16_mixed"],
 }
 
 
@@ -75,7 +78,10 @@ def _update(tok, overrides, scored, masks=None):
     model = (tiny_moe_model if moe else tiny_model)(tok, size="moe" if moe else "nano", seed=0)
     torch.manual_seed(0)  # LoRA's initial A matrices
     model = build_lora(cfg, model)
+    teacher, cfg.learner.teacher = cfg.learner.teacher, None  # a teacher is handed in, not loaded from a path
     parts, plan = build_learner_parts(cfg, model), build_learner_plan(cfg, model)
+    if teacher is not None:
+        parts.teacher = LocalTeacher(tiny_model(tok, size="nano", seed=1))
     learn_step(parts, copy.deepcopy(scored), 1, cfg.algo, plan)
     return {k: v.detach().clone() for k, v in parts.model.state_dict().items()}
 
