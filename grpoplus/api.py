@@ -105,6 +105,11 @@ class Trainer:
                 local_only.append(f"{kind} {spec!r}")
             return spec
 
+        writes = any(not isinstance(x, (str, Path)) for x in (model, train_dataset, eval_dataset) if x is not None)
+        if writes and not values.get("overwrite", values.get("run.overwrite", False)):
+            from grpoplus.rundir import RunDir
+
+            RunDir(out).clear(overwrite=False)  # refuses an old run's directory before its inputs/ is written over
         given = {"learner.model": model_path(model, tokenizer, out) if model is not None else None,
                  "data.data": None if train_dataset is None else dataset_path(train_dataset, out, "train"),
                  "data.eval_data": None if eval_dataset is None else dataset_path(eval_dataset, out, "eval"),

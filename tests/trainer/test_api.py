@@ -136,3 +136,12 @@ def test_torch_values_in_rows_are_written_as_numbers(tmp_path):
 
     path = dataset_path([{"prompt": "1+1=", "answer": torch.tensor(2)}], tmp_path, "train")
     assert json.loads(open(path).read()) == {"prompt": "1+1=", "answer": 2}
+
+
+def test_rows_given_for_a_directory_that_holds_a_run_are_refused_before_its_inputs_are_written(nano_dir, tmp_path):
+    out = tmp_path / "run"
+    Trainer(nano_dir, train_dataset=ROWS, out=str(out), max_steps=1, **SMALL).train()
+    kept = (out / "inputs" / "train.jsonl").read_text()
+    with pytest.raises(ValueError, match="already holds a run"):
+        Trainer(nano_dir, train_dataset=ROWS[:3], out=str(out), max_steps=1, **SMALL)
+    assert (out / "inputs" / "train.jsonl").read_text() == kept
