@@ -67,6 +67,12 @@ class Rollouts:
         section 12)."""
         return self.sampled_mask.sum(1).long()
 
+    def response_lists(self) -> list[list[int]]:
+        """Each row's response token ids, unpadded (responses are right-padded: the first ``response_mask``-many
+        columns), observation tokens of a multi-turn row included."""
+        lengths = self.response_mask.sum(1).long().tolist()
+        return [row[:n].tolist() for row, n in zip(self.response_ids, lengths)]
+
     @property
     def sampled_mask(self) -> torch.Tensor:  # [N, T] float
         """1 on the tokens the policy sampled: the only ones that carry loss, log-probs and entropy."""

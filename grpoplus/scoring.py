@@ -57,9 +57,7 @@ def process_rewards(prm, tokenizer, rollouts: Rollouts, prompts: list[str]) -> t
     ``prm/*`` metrics."""
     if rollouts.turn_rewards is not None:
         raise ValueError("data.prm scores the steps of single-turn responses, but these rollouts are multi-turn")
-    lengths = rollouts.response_mask.sum(1).long().tolist()
-    ids = [row[:n].tolist() for row, n in zip(rollouts.response_ids, lengths)]
-    step_rewards, step_ends = prm.score(prompts, ids, tokenizer)
+    step_rewards, step_ends = prm.score(prompts, rollouts.response_lists(), tokenizer)
     flat = [x for steps in step_rewards for x in steps]
     metrics = {"prm/steps_mean": sum(map(len, step_ends)) / max(1, len(step_ends)),
                "prm/step_reward_mean": sum(flat) / max(1, len(flat))}

@@ -57,12 +57,10 @@ class ServedTeacher:
     def token_logprobs(self, rollouts) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp_T [N, T] float32, top1 [N, T] bool), zero / False on padding."""
         r = rollouts
-        lengths = r.response_mask.sum(1).long().tolist()  # right-padded: the response is the first `n` columns
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(r.prompt_ids, r.prompt_mask)]
-        responses = [ids[:n].tolist() for ids, n in zip(r.response_ids, lengths)]
-        scores, firsts = self.endpoint.token_logprobs(prompts, responses)
+        scores, firsts = self.endpoint.token_logprobs(prompts, r.response_lists())
         logp, top1 = torch.zeros(r.response_ids.shape), torch.zeros(r.response_ids.shape, dtype=torch.bool)
-        for i, (n, row, first) in enumerate(zip(lengths, scores, firsts)):
-            logp[i, :n] = torch.tensor(row, dtype=torch.float32)
-            top1[i, :n] = torch.tensor(first, dtype=torch.bool)
+        for i, (row, first) in enumerate(zip(scores, firsts)):
+            logp[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+            top1[i, :len(first)] = torch.tensor(first, dtype=torch.bool)
         return logp, top1
