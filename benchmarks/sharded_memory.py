@@ -5,8 +5,10 @@ Each rank builds its learner exactly as ``grpoplus train learner.data_parallel=N
 batch (16 responses of 48 tokens after 80-token prompts, the dapo preset), and reports the
 bytes it holds of each part of the model state, counted from the tensors themselves
 (a sharded parameter's local shard): parameters, gradients (at the optimizer step, their
-largest), AdamW moments; and its peak RSS. Rank 0 of a sharded learner also holds its plain
-copy of the policy for the engines and checkpoints: reported apart (``mirror_mb``)::
+largest), AdamW moments; and its peak RSS once built (``built_peak_rss_mb``: loading, the weights from
+rank 0, sharding) and after the updates. Rank 0 of a sharded learner also holds its plain
+copy of the policy for the engines and checkpoints: reported apart (``mirror_mb``), as is the frozen
+reference of ``beta > 0`` (``reference_mb``)::
 
     python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy replicate
     python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy fsdp2
@@ -40,7 +42,7 @@ def local_bytes(tensors) -> int:
     return total
 
 
-def synthetic_batch(vocab: int, with_logp_old: bool, seed: int = 0):
+def synthetic_batch(vocab: int, with_logp_old: bool, with_logp_ref: bool = False, seed: int = 0):
     from grpoplus.containers import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +50,8 @@ def synthetic_batch(vocab: int, with_logp_old: bool, seed: int = 0):
     responses = torch.randint(0, vocab, (ROWS, RESPONSE), generator=g)
     ones, logp = torch.ones(ROWS, RESPONSE), -torch.rand(ROWS, RESPONSE, generator=g)
     return TrainBatch(prompts, torch.ones_like(prompts), responses, ones, ones.clone(),
-                      torch.randn(ROWS, generator=g), logp, logp.clone() if with_logp_old else None, None,
+                      torch.randn(ROWS, generator=g), logp, logp.clone() if with_logp_old else None,
+                      logp.clone() if with_logp_ref else None,
                       torch.arange(ROWS // GROUP).repeat_interleave(GROUP))
 
 
@@ -60,16 +63,18 @@ def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Q
 
     torch.set_num_threads(1)
     cfg = build_config("dapo", overrides=[f"data_parallel={world}", *overrides])
-    _, model = build_rank_model(cfg.to_dict(), "cpu")
+    _, model = build_rank_model(cfg.to_dict(), "cpu", rank)
     group = RankGroup.join(Rendezvous(f"tcp://127.0.0.1:{port}", rank, world, "cpu", 600.0))
     parts, plan = build_learner_rank_parts(cfg, model, group)
+    built_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     trained = [p for p in parts.model.parameters() if p.requires_grad]
     grads = []
     parts.optimizer.register_step_pre_hook(lambda *_: grads.append(local_bytes(p.grad for p in trained
                                                                              if p.grad is not None)))
-    batch = synthetic_batch(model.config.vocab_size, with_logp_old=not plan.logp_old_from_forward)
+    batch = synthetic_batch(parts.model.config.vocab_size, with_logp_old=not plan.logp_old_from_forward,
+                            with_logp_ref=cfg.algo.beta > 0)
     for step in (1, 2):
-        update_step(parts, batch, step, cfg.algo, plan, group)
+        update_step(parts, batch, step, cfg.algo, plan)
     moments = [t for state in parts.optimizer.state.values() for t in state.values()
                if isinstance(t, torch.Tensor) and t.dim() > 0]
     mb = 1 << 20
@@ -77,7 +82,8 @@ def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Q
               "params_mb": local_bytes(parts.model.parameters()) / mb, "grads_mb": max(grads) / mb,
               "adam_mb": local_bytes(moments) / mb,
               "mirror_mb": 0.0 if parts.mirror is None else local_bytes(parts.mirror.parameters()) / mb,
-              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+              "reference_mb": 0.0 if parts.ref_model is None else local_bytes(parts.ref_model.parameters()) / mb,
+              "built_peak_rss_mb": built_rss, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     record["model_state_mb"] = record["params_mb"] + record["grads_mb"] + record["adam_mb"]
     out.put(record)
     group.close()
@@ -99,7 +105,7 @@ def main() -> None:
     procs = [ctx.Process(target=rank_main, args=(r, args.ranks, port, overrides, queue)) for r in range(args.ranks)]
     for proc in procs:
         proc.start()
-    records = sorted((queue.get(timeout=1800) for _ in procs), key=lambda r: r["rank"])
+    records = sorted((_result(queue, procs) for _ in procs), key=lambda r: r["rank"])
     for proc in procs:
         proc.join()
     for record in records:
@@ -109,6 +115,18 @@ def main() -> None:
                       "largest_rank_model_state_mb": round(top["model_state_mb"], 1),
                       "largest_rank_peak_rss_mb": round(max(r["peak_rss_mb"] for r in records), 1)}))
     sys.stdout.flush()
+
+
+def _result(queue: "mp.Queue", procs: list) -> dict:
+    """The next rank's record; a rank that exited without one ends the benchmark (its traceback is above)."""
+    import queue as queues
+
+    while True:
+        try:
+            return queue.get(timeout=5)
+        except queues.Empty:
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                sys.exit("a rank failed (see its traceback above)")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,26 @@ def build_policy(cfg: Config, device: str | None = None):
         return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
                            device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
                            lora=cfg.learner.lora_rank > 0,
-                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1)
+                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1,
+                           trains=not host_copy_only(cfg, device))
+
+
+def host_copy_only(cfg: Config, device: str | None) -> bool:
+    """True when the policy is loaded only as a sharded learner's whole copy in host memory (its training state
+    lives on the GPUs): the load check counts its weights alone."""
+    return device == "cpu" and cfg.learner.device.startswith("cuda") and whole_copy_in_host_memory(cfg)
+
+
+def is_sharded(cfg: Config) -> bool:
+    """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
+    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
+
+
+def whole_copy_in_host_memory(cfg: Config) -> bool:
+    """True when a sharded learner's rank 0 keeps its whole copy of the policy (checkpoints, weights to the engines)
+    in host memory rather than on its device: no engine samples with that copy in rank 0's process (vLLM holds
+    its own weights, Ray's rollout workers theirs), so rank 0's GPU holds only its shards, like the other ranks'."""
+    return is_sharded(cfg) and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
 
 
 @contextmanager
@@ -117,7 +136,8 @@ def build_task_and_model(cfg: Config):
     if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
-    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" else None)  # on Ray: the roles' devices
+    # on Ray: the roles' devices; a sharded learner's rank 0 may keep it in host memory
+    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" or whole_copy_in_host_memory(cfg) else None)
     return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
 
 

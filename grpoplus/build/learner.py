@@ -4,11 +4,19 @@ plan, for the driver's rank 0 and for every other rank's own process alike."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
 from grpoplus.algo import EntropyControl
-from grpoplus.build.factories import build_optimizer, build_policy, build_process, logp_old_source
+from grpoplus.build.factories import (
+    build_optimizer,
+    build_policy,
+    build_process,
+    is_sharded,
+    logp_old_source,
+    whole_copy_in_host_memory,
+)
 from grpoplus.config import Config, build_config
 from grpoplus.distributed.learner import LearnerParts, RankBuilders
 from grpoplus.learner.checkpointing import require_checkpointable
@@ -19,42 +27,54 @@ from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.teacher import load_teacher
 
 
-def build_learner_parts(cfg: Config, model: torch.nn.Module, mirror: torch.nn.Module | None = None):
+def build_learner_parts(cfg: Config, model: torch.nn.Module):
     """The policy with its optimizer and schedule, the frozen reference when beta > 0, and the entropy
     bonus's coefficient, and the teacher of on-policy distillation (loaded here, on every rank, like the
-    reference); with ``learner.strategy=fsdp2`` over several ranks the policy is sharded here (rank 0
-    passes ``mirror``, its plain copy; the reference stays whole on every rank)."""
-    from grpoplus.distributed.sharding import shard
-
+    reference)."""
     # With LoRA the reference is the same model with its adapters off (no second copy).
     copied = cfg.algo.beta > 0 and cfg.learner.lora_rank == 0
     ref_model = lower_frozen_linears(copy.deepcopy(model).eval().requires_grad_(False), cfg.learner.precision) \
         if copied else None
-    if is_sharded(cfg):
-        shard(model, cfg.learner.precision, offload=cfg.learner.cpu_offload)
+    return _parts(cfg, model, ref_model)
+
+
+def build_sharded_parts(cfg: Config, whole: torch.nn.Module | None, group) -> LearnerParts:
+    """A sharded learner rank's parts (learner.strategy=fsdp2): the policy, and the reference when beta > 0, built
+    empty from rank 0's model class and configuration and sharded, each rank taking only its shards from rank 0's
+    ``whole`` model (None on the other ranks), which rank 0 keeps as its plain copy for engines and checkpoints."""
+    from grpoplus.distributed.sharding import model_spec, sharded_twin
+
+    lrn = cfg.learner
+    spec = group.broadcast_object(model_spec(whole) if group.rank == 0 else None)
+    twin = functools.partial(sharded_twin, spec, whole, group.device, lrn.precision, lrn.cpu_offload)
+    model = twin()
+    return _parts(cfg, model, twin(frozen=True) if cfg.algo.beta > 0 else None, mirror=whole)
+
+
+def _parts(cfg: Config, model: torch.nn.Module, ref_model: torch.nn.Module | None,
+           mirror: torch.nn.Module | None = None) -> LearnerParts:
     optimizer, scheduler = build_optimizer(cfg, model)
-    teacher = None if cfg.learner.teacher is None else load_teacher(cfg.learner.teacher, next(model.parameters()).device)
+    lrn = cfg.learner
+    teacher = None if lrn.teacher is None else load_teacher(lrn.teacher, next(model.parameters()).device, lrn.precision)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror,
                         teacher=teacher)
 
 
-def is_sharded(cfg: Config) -> bool:
-    """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
-    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
-
-
-def build_learner_rank_parts(cfg: Config, model: torch.nn.Module, group, rewards: tuple = ()):
+def build_learner_rank_parts(cfg: Config, model: torch.nn.Module | None, group, rewards: tuple = ()):
     """One learner rank's (parts, plan): every rank starts from rank 0's weights (whatever it loaded
-    itself) and takes rank 0's reward weights (GDPO, for a rank that prepares batches); rank 0 of a sharded
-    learner keeps a plain copy of the policy for its engines and checkpoints."""
+    itself) and takes rank 0's reward weights (GDPO, for a rank that prepares batches). A sharded learner's
+    ranks other than 0 pass no ``model``: they never hold it whole (:func:`build_sharded_parts`)."""
     if group is not None:
-        group.broadcast_module(model)
         rewards = group.broadcast_object(rewards)
-    mirror = copy.deepcopy(model) if is_sharded(cfg) and (group is None or group.rank == 0) else None
-    parts = build_learner_parts(cfg, model, mirror)
+    if is_sharded(cfg):
+        parts = build_sharded_parts(cfg, model, group)
+    else:
+        if group is not None:
+            group.broadcast_module(model)
+        parts = build_learner_parts(cfg, model)
     if group is not None:
         parts.hooks = rank_hooks(cfg, parts.model, group)
-    return parts, build_learner_plan(cfg, model, rewards)
+    return parts, build_learner_plan(cfg, parts.model, rewards)
 
 
 def rank_hooks(cfg: Config, model: torch.nn.Module, group):
@@ -81,14 +101,23 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        sharded=is_sharded(cfg))
 
 
-def build_rank_model(config: dict, device: str | None = None) -> tuple[Config, torch.nn.Module]:
+def build_rank_model(config: dict, device: str | None = None, rank: int = 0
+                     ) -> tuple[Config, torch.nn.Module | None]:
     """What a learner rank's own process builds before it joins the group: its config and its copy of the
     policy on ``device`` (default: learner.device, as the rank's process sees it; Ray gives an actor its GPU
-    as cuda:0)."""
+    as cuda:0). A sharded learner's ranks other than 0 load nothing: they take their shards from rank 0; its
+    rank 0 loads the whole policy into host memory when no engine samples with it there."""
     cfg = build_config(base=config)
     build_process(cfg)
-    model, _ = build_policy(cfg, device or ("cuda" if cfg.learner.device.startswith("cuda") else cfg.learner.device))
+    if rank > 0 and is_sharded(cfg):
+        return cfg, None
+    model, _ = build_policy(cfg, "cpu" if whole_copy_in_host_memory(cfg) else device or rank_device_type(cfg))
     return cfg, model
+
+
+def rank_device_type(cfg: Config) -> str:
+    """A learner rank's device as its own process names it (one GPU per rank process: cuda)."""
+    return "cuda" if cfg.learner.device.startswith("cuda") else cfg.learner.device
 
 
 # How a learner rank's process builds itself, handed to the learner roles (roles never import the build layer).

@@ -12,8 +12,8 @@ the ones published to the engines and written to checkpoints.
 With ``learner.strategy=fsdp2`` every forward is a collective (:mod:`grpoplus.distributed.sharding`):
 rank 0 sends the scored groups instead, every rank prepares the whole batch and updates its
 shards, and publishing gathers the whole weights from the shards on every rank, rank 0 keeping
-them in its plain copy of the policy; a checkpoint holds those weights and every rank's
-optimizer shards.
+them in its plain copy of the policy; a checkpoint holds those weights, every rank's
+optimizer shards and the sharded reference gathered whole on rank 0.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class RankBuilders(NamedTuple):
     """How a learner rank's own process builds itself; the build layer hands them to the learner roles
     (:mod:`grpoplus.build.learner`), which never import it."""
 
-    model: Callable  # (config dict, device or None) -> (Config, policy), before the rank joins its group
-    parts: Callable  # (Config, policy, group or None, reward weights) -> (LearnerParts, LearnerPlan), after
+    model: Callable  # (config dict, device or None, rank) -> (Config, policy or None), before the rank joins its group
+    parts: Callable  # (Config, policy or None, group or None, reward weights) -> (LearnerParts, LearnerPlan), after
 
 
 class Learner:
@@ -112,10 +112,9 @@ class Learner:
                                         p.optimizer.state_dict()}, p.ref_model, keep=keep)
 
         def write_shards(directory: Path) -> None:
-            self._tell("save_optimizer", str(directory))
-            self._collective("writing the optimizer shards", lambda: write_optimizer_shards(p, directory))
-        return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, p.ref_model, keep=keep,
-                                    write_shards=write_shards)
+            self._tell("save_shards", str(directory))
+            self._collective("writing the optimizer shards", lambda: write_rank_shards(p, directory))
+        return ckpt.save_checkpoint(run_dir, step, p.policy, tokenizer, state, keep=keep, write_shards=write_shards)
 
     def load(self, path: Path) -> dict:
         """Every rank loads the checkpoint at ``path`` (a path every rank can read); returns its trainer state."""
@@ -187,9 +186,14 @@ def load_step(parts: LearnerParts, path: Path) -> dict:
     return state
 
 
-def write_optimizer_shards(parts: LearnerParts, checkpoint: str | Path) -> None:
-    """This rank's optimizer shards into the checkpoint being written (every rank of a sharded learner)."""
+def write_rank_shards(parts: LearnerParts, checkpoint: str | Path) -> None:
+    """Every rank of a sharded learner: its optimizer shards into the checkpoint being written, and its part in
+    gathering the sharded reference, which rank 0 writes whole."""
     save_optimizer_shards(parts.model, parts.optimizer, ckpt.optimizer_dir(checkpoint))
+    if parts.ref_model is not None:
+        reference = ckpt.whole_state_on_rank0(parts.ref_model)
+        if reference:  # rank 0
+            ckpt.save_reference(reference, Path(checkpoint), parts.ref_model)
 
 
 def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: RankGroup) -> None:
@@ -197,7 +201,7 @@ def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: Ra
     handlers = {"update": lambda payload: update_step(parts, *payload, algo, plan),
                 "learn": lambda payload: learn_step(parts, *payload, algo, plan),
                 "gather_weights": lambda _: gather_into(None, parts.model),
-                "save_optimizer": lambda path: write_optimizer_shards(parts, path),
+                "save_shards": lambda path: write_rank_shards(parts, path),
                 "load": lambda path: load_step(parts, path)}
     while True:
         command, payload = group.receive()

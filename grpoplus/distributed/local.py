@@ -83,7 +83,7 @@ def follow_torchrun(cfg: Config, builders: RankBuilders) -> None:
 def run_follower(config: dict, rendezvous: Rendezvous, builders: RankBuilders) -> None:
     """Entry point of a follower rank: its policy, the group, its parts, rank 0's commands until stop."""
     try:
-        cfg, model = builders.model(config, rendezvous.device)
+        cfg, model = builders.model(config, rendezvous.device, rendezvous.rank)
         group = RankGroup.join(rendezvous)
         try:
             parts, plan = builders.parts(cfg, model, group)

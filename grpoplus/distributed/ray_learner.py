@@ -28,10 +28,12 @@ from grpoplus.sync import Collective, ObjectStore, cpu_state_dict
 class LearnerRank:
     """One learner rank: its parts, and (rank 0) the learner the driver calls."""
 
-    def __init__(self, config: dict, weights: dict, rank: int, world: int, rewards: tuple, builders: RankBuilders):
-        self.cfg, self.model = builders.model(config)  # Ray gives the actor its GPU as cuda:0
-        self.model.load_state_dict(weights)
-        self.device = str(next(self.model.parameters()).device.type)
+    def __init__(self, config: dict, weights: dict | None, rank: int, world: int, rewards: tuple, builders: RankBuilders):
+        # Ray gives the actor its GPU as cuda:0; a sharded learner's ranks but 0 take only their shards, in join
+        self.cfg, self.model = builders.model(config, None, rank)
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        self.device = "cuda" if self.cfg.learner.device.startswith("cuda") else self.cfg.learner.device
         self.rank, self.world, self.rewards, self.builders, self.learner = rank, world, rewards, builders, None
 
     def address(self) -> str:
@@ -59,7 +61,8 @@ class LearnerRank:
         return self.learner.learn(scored, step)
 
     def join_weight_sync(self, address: str, world: int, timeout_s: float) -> None:
-        self.weights_out = WeightGroup.join(address, 0, world, self.parts.policy, timeout_s, "learner rank 0")
+        self.weights_out = WeightGroup.join(address, 0, world, self.parts.policy, timeout_s, "learner rank 0",
+                                            self.device)
 
     def send_weights(self) -> None:
         self.weights_out.broadcast(self.learner.weights().module)
@@ -88,7 +91,8 @@ class RayLearnerGroup:
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
                                            scheduling_strategy=here if rank == 0 else "DEFAULT")
-                       .remote(config, weights, rank, ranks, rewards, builders) for rank in range(ranks)]
+                       .remote(config, weights if rank == 0 else None, rank, ranks, rewards, builders)
+                       for rank in range(ranks)]  # the other ranks take rank 0's weights when the group forms
         addresses = [actor.address.remote() for actor in self.actors]
         init = [self._wait(ref, rank, "starting (building its model and optimizer)")
                 for rank, ref in enumerate(addresses)][0]  # every rank placed and built; rank 0's address

@@ -23,7 +23,11 @@ ALGORITHMS.md section 3), not averaged: FSDP2's divide factor is 1 and the reduc
 With ``learner.precision=bf16_mixed`` the layers' parameters are all-gathered in bf16 and their
 gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); the sharded master weights stay float32.
 
-Rank 0 keeps a plain full copy of the policy (the *mirror*): the in-process engine samples
+No rank builds the sharded model whole: every rank builds it on the meta device from rank 0's
+model class and configuration (:func:`sharded_twin`), shards it, allocates only its own shards and
+receives them from rank 0, one tensor at a time (``set_model_state_dict(broadcast_from_rank0=True)``).
+The frozen reference of ``beta > 0`` is sharded the same way. Rank 0 alone holds the policy whole:
+the model it loaded becomes its plain copy (the *mirror*): the in-process engine samples
 with it, checkpoints write it, and after every update it is refreshed one tensor at a time
 (each gathered whole from its shards, so the extra memory is one tensor: :func:`grpoplus.sync.gather_into`). A checkpoint's
 optimizer state - twice the weights with AdamW - is never gathered: every rank writes its own
@@ -37,8 +41,9 @@ import types
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_model_state_dict
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -60,10 +65,48 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(model: torch.nn.Module, precision: str, offload: bool = False) -> torch.nn.Module:
-    """Shard ``model`` in place over the default process group (every rank calls this with the same weights);
+def model_spec(model: torch.nn.Module) -> tuple:
+    """What builds an empty twin of ``model`` on another rank: its class, configuration and train/eval mode."""
+    return type(model), model.config, model.training
+
+
+def sharded_twin(spec: tuple, whole: torch.nn.Module | None, device: torch.device, precision: str,
+                 offload: bool = False, frozen: bool = False) -> torch.nn.Module:
+    """Every rank: the model of ``spec`` (:func:`model_spec` of rank 0's) built on the meta device, sharded, its
+    own shards allocated on ``device`` and filled from rank 0's ``whole`` model (None on the other ranks), one
+    tensor at a time; no rank allocates the whole model. ``frozen``: the reference, no gradients."""
+    cls, config, training = spec
+    with torch.device("meta"):
+        model = cls(config)
+    model.train(training).requires_grad_(not frozen)
+    shard(model, precision, offload, device)
+    model.to_empty(device="cpu" if offload else device)  # offloaded shards live in CPU memory, buffers on the GPU
+    if offload:
+        for module in model.modules():
+            module._buffers.update({name: b.to(device) for name, b in module._buffers.items() if b is not None})
+    fill_from_rank0(model, whole)
+    return model
+
+
+def fill_from_rank0(model: torch.nn.Module, whole: torch.nn.Module | None) -> None:
+    """Every rank: its shards of rank 0's ``whole`` tensors (None on the other ranks) and rank 0's buffers (not
+    sharded; a rotary embedding's are not in the state dict)."""
+    state = {} if whole is None else whole.state_dict()
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    theirs = {} if whole is None else dict(whole.named_buffers())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if whole is not None:
+                buffer.copy_(theirs[name])
+            dist.broadcast(buffer, src=0)
+
+
+def shard(model: torch.nn.Module, precision: str, offload: bool = False,
+          device: torch.device | None = None) -> torch.nn.Module:
+    """Shard ``model`` in place over the default process group (every rank calls this with the same weights, or
+    with a model on the meta device, ``device`` then naming where its shards go);
     ``offload``: the shards live in CPU memory and each layer is copied to the GPU to run (learner.cpu_offload)."""
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     if device.type == "cuda":  # FSDP2's default mesh and NCCL streams live on the current device
         torch.cuda.set_device(device)
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32) \

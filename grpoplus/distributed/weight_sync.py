@@ -48,17 +48,19 @@ def buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 class WeightGroup:
     """One member's side of the weight-sync group; build it with :meth:`join` on every member."""
 
-    def __init__(self, pg, rank: int, timeout_s: float, role: str):
-        self.pg, self.rank, self.timeout_s, self.role = pg, rank, timeout_s, role
+    def __init__(self, pg, rank: int, timeout_s: float, role: str, device: torch.device):
+        self.pg, self.rank, self.timeout_s, self.role, self.device = pg, rank, timeout_s, role, device
 
     @classmethod
     def join(cls, address: str, rank: int, world: int, module: torch.nn.Module, timeout_s: float,
-             role: str) -> "WeightGroup":
+             role: str, device: str | torch.device | None = None) -> "WeightGroup":
         """Join the group at ``address`` ("tcp://host:port" of rank 0) and check that every member holds
-        the same tensors; a member that does not join within ``timeout_s`` is an error."""
+        the same tensors; a member that does not join within ``timeout_s`` is an error. ``device``: where the
+        broadcast runs (default: the module's; a sharded learner's rank 0 keeps its whole copy in host memory and
+        sends it from its GPU, bucket by bucket)."""
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         timeout = datetime.timedelta(seconds=timeout_s)
-        device = next(module.parameters()).device
+        device = torch.device(device) if device is not None else next(module.parameters()).device
         try:
             store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
             if device.type == "cuda":
@@ -71,7 +73,7 @@ class WeightGroup:
             raise RoleError(f"{role}: the weight-sync group of learner rank 0 and {world - 1} rollout worker(s) "
                             f"did not form within {timeout_s:.0f} s at {address} ({first_line(err)}); check that "
                             f"every role started and can reach learner rank 0's node, {FIX}") from err
-        group = cls(pg, rank, timeout_s, role)
+        group = cls(pg, rank, timeout_s, role, device)
         group._check_layout(module, device)
         return group
 
@@ -80,9 +82,9 @@ class WeightGroup:
         tensors = [t.data for t in [*module.parameters(), *module.buffers()]]
         for bucket in buckets(tensors):
             if self.rank == 0:
-                flat = torch.cat([t.reshape(-1) for t in bucket])
+                flat = torch.cat([t.reshape(-1) for t in bucket]).to(self.device)
             else:
-                flat = torch.empty(sum(t.numel() for t in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
+                flat = torch.empty(sum(t.numel() for t in bucket), dtype=bucket[0].dtype, device=self.device)
             self._broadcast(flat, "the weight broadcast")
             if self.rank:
                 for t, part in zip(bucket, flat.split([t.numel() for t in bucket])):

@@ -3,8 +3,9 @@
 Counted, in bytes per parameter: the policy's float32 master weights (4; ``bf16_mixed`` keeps them float32
 too), their gradients (4) and AdamW's two moments (8), all divided by the ranks under ``fsdp2`` and whole on
 every rank under ``replicate``; with LoRA the frozen base weights (4) and 16 per adapter parameter; rank 0's
-whole-policy copy under ``fsdp2``; the frozen reference (4, its linear weights 2 under ``bf16_mixed``) and
-teacher (4) on every learner rank; the engines' own copies of the weights. Not counted: activations (they
+whole-policy copy under ``fsdp2`` (4; in its host memory on GPUs when vLLM or Ray's workers sample); the frozen
+reference (4, its linear weights 2 under ``bf16_mixed``; a 1/N shard of 4 under ``fsdp2``) and teacher (the same
+but never sharded) on every learner rank; the engines' own copies of the weights. Not counted: activations (they
 grow with ``learner.micro_batch_size`` and the sequence length), the allocator's slack and the CUDA context;
 KV caches are sized roughly beside the total, not in it.
 """
@@ -62,7 +63,7 @@ def _local_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, to
     engine, aside = engine_items(cfg, policy, own_copy=r.max_staleness > 0, tokens=tokens, workers=1)
     first.items += engine
     first.aside += aside
-    devices = [first]
+    devices = [first, *filter(None, [host_copy_device(cfg, policy)])]
     if lrn.data_parallel > 1:
         others = lrn.data_parallel - 1
         devices.append(Device(_device_label(lrn.device, 1, lrn.data_parallel - 1), f"learner ranks 1-{others}, each",
@@ -75,7 +76,8 @@ def _ray_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, toke
     label = "1 GPU each" if lrn.device.startswith("cuda") else "cpu (a Ray node's memory)"
     engine, aside = engine_items(cfg, policy, own_copy=True, tokens=tokens, workers=r.workers)
     devices = [Device(label, f"rollout worker ({r.engine}), each", r.workers, engine, aside),
-               Device(label, "learner rank 0", 1, learner_items(cfg, policy, teacher, rank=0))]
+               Device(label, "learner rank 0", 1, learner_items(cfg, policy, teacher, rank=0)),
+               *filter(None, [host_copy_device(cfg, policy)])]
     if lrn.data_parallel > 1:
         others = lrn.data_parallel - 1
         devices.append(Device(label, f"learner ranks 1-{others}, each", others,
@@ -96,26 +98,40 @@ def _device_label(device: str, first: int, last: int | None = None) -> str:
 
 
 def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, rank: int) -> list[Item]:
-    """What learner rank ``rank`` keeps: the trained policy (its shard), rank 0's whole copy under fsdp2, the
-    reference and the teacher."""
-    from grpoplus.build.learner import is_sharded
+    """What learner rank ``rank`` keeps on its device: the trained policy (its shard), rank 0's whole copy under
+    fsdp2 (unless it is kept in host memory: :func:`host_copy_device`), the reference and the teacher."""
+    from grpoplus.build.factories import is_sharded
 
     items = policy_items(cfg, policy)
-    if is_sharded(cfg) and rank == 0:
-        items.append(Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
-                          _bytes(policy.params, FP32)))
+    if rank == 0 and is_sharded(cfg) and host_copy_device(cfg, None) is None:
+        items.append(whole_copy_item(policy))
     reference = reference_item(cfg, policy)
     if reference is not None:
         items.append(reference)
     if teacher is not None:
-        items.append(Item(f"teacher {teacher.name}, fp32, frozen", _bytes(teacher.params, FP32)))
+        items.append(frozen_item(cfg, teacher, f"teacher {teacher.name}"))
     return items
+
+
+def whole_copy_item(policy: ModelSize) -> Item:
+    return Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
+                _bytes(policy.params, FP32))
+
+
+def host_copy_device(cfg: Config, policy: ModelSize | None) -> Device | None:
+    """The host memory of a sharded learner's rank 0 on GPUs when its whole copy of the policy lives there (no
+    engine samples with it in rank 0's process: vLLM, or Ray's rollout workers); else None."""
+    from grpoplus.build.factories import whole_copy_in_host_memory
+
+    if not (whole_copy_in_host_memory(cfg) and cfg.learner.device.startswith("cuda")):
+        return None
+    items = [whole_copy_item(policy)] if policy is not None else []
+    return Device("learner rank 0's host memory", "learner rank 0's whole-policy copy (checkpoints, weights to the "
+                  "engines)", 1, items)
 
 
 def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
     """The trained policy: full fine-tuning (weights, gradients, AdamW; sharded under fsdp2) or LoRA."""
-    from grpoplus.build.learner import is_sharded
-
     lrn, params = cfg.learner, policy.params
     if lrn.lora_rank:
         items = [Item("base weights, fp32, frozen", _bytes(params, FP32))]
@@ -124,8 +140,7 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
             items.append(Item(f"LoRA adapters ({adapters / 1e6:.1f}M parameters): weights, gradients, AdamW, fp32",
                               adapters * LORA_TRAINED))
         return items
-    shards = lrn.data_parallel if is_sharded(cfg) else 1
-    share = f", a 1/{shards} shard" if shards > 1 else ""
+    shards, share = _share(cfg)
     return [Item(f"weights, fp32 master{share}", _bytes(params, FP32, shards)),
             Item(f"gradients, fp32{share}", _bytes(params, GRADIENT, shards)),
             Item(f"AdamW moments (2), fp32{share}", _bytes(params, ADAMW, shards))]
@@ -133,12 +148,31 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
 
 def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
     """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
+    from grpoplus.build.factories import is_sharded
+
     if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
         return None
-    if cfg.learner.precision == "fp32" or policy.arch is None or policy.params is None:
-        return Item("reference, fp32, frozen", _bytes(policy.params, FP32))
-    linear = policy.arch.linear_parameters()
-    return Item("reference, frozen (linear weights in bfloat16)", linear * 2 + (policy.params - linear) * FP32)
+    if is_sharded(cfg):  # sharded like the policy: float32 shards, gathered in the compute dtype to run
+        shards, share = _share(cfg)
+        return Item(f"reference, fp32, frozen{share}", _bytes(policy.params, FP32, shards))
+    return frozen_item(cfg, policy, "reference")
+
+
+def frozen_item(cfg: Config, model: ModelSize, what: str) -> Item:
+    """A frozen model on every learner rank (the reference, a teacher): float32, its linear weights stored in
+    bfloat16 under ``bf16_mixed`` (what autocast computes with)."""
+    if cfg.learner.precision == "fp32" or model.arch is None or model.params is None:
+        return Item(f"{what}, fp32, frozen", _bytes(model.params, FP32))
+    linear = model.arch.linear_parameters()
+    return Item(f"{what}, frozen (linear weights in bfloat16)", linear * 2 + (model.params - linear) * FP32)
+
+
+def _share(cfg: Config) -> tuple[int, str]:
+    """(ranks a sharded learner's tensors are split over, or 1; its label)."""
+    from grpoplus.build.factories import is_sharded
+
+    shards = cfg.learner.data_parallel if is_sharded(cfg) else 1
+    return shards, f", a 1/{shards} shard" if shards > 1 else ""
 
 
 def engine_items(cfg: Config, policy: ModelSize, own_copy: bool, tokens: Tokens, workers: int

@@ -153,10 +153,19 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
                      f"{policy.arch.vocab}: fine when both have one tokenizer (the rows past it are padding); the run "
                      "compares the tokenizers when it starts")
     if policy.params is not None and not is_builtin(lrn.model):  # the built-in models load unchecked
+        from grpoplus.build.factories import whole_copy_in_host_memory
+
         shards = lrn.data_parallel if _sharded(cfg) else 1
         need = training_bytes(policy.params, torch.float32, lora=lrn.lora_rank > 0, shards=shards)
-        notes.append(f"load check: every process that loads the policy ({_loaders(cfg)}) refuses to unless about "
-                     f"{need / 1e9:.1f} GB is free on its device (grpoplus.models.memory.check_fits)")
+        host = gpu and whole_copy_in_host_memory(cfg)
+        loaders = _loaders(cfg, rank_0=not host)
+        if loaders:
+            notes.append(f"load check: every process that loads the policy ({loaders}) refuses to unless about "
+                         f"{need / 1e9:.1f} GB is free on its device (grpoplus.models.memory.check_fits)")
+        if host:
+            copy = training_bytes(policy.params, torch.float32, lora=False, trains=False)
+            notes.append(f"load check: learner rank 0 loads the whole policy into its host memory (about "
+                         f"{copy / 1e9:.1f} GB free), then takes its shard onto its GPU")
     if teacher is not None and teacher.params is not None:
         need = training_bytes(teacher.params, torch.float32, lora=False, trains=False)
         notes.append(f"load check: the teacher's weights, about {need / 1e9:.1f} GB, must be free on each learner "
@@ -164,9 +173,12 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
     return notes
 
 
-def _loaders(cfg: Config) -> str:
+def _loaders(cfg: Config, rank_0: bool = True) -> str:
+    """Who loads the policy whole on a device (a sharded learner's ranks but 0 take only their shards from rank 0;
+    ``rank_0=False``: rank 0 loads it into host memory, said apart); empty when nobody does."""
+    n, sharded = cfg.learner.data_parallel, _sharded(cfg)
+    ranks = ("learner rank 0" if rank_0 else "") if sharded else f"each of {n} learner rank(s)"
     if cfg.run.cluster == "ray":
-        return f"the driver on its CPU, each of {cfg.learner.data_parallel} learner rank(s), each of " \
-               f"{cfg.rollout.workers} rollout worker(s)"
-    n = cfg.learner.data_parallel
-    return "this process" if n == 1 else f"each of the {n} learner ranks"
+        return ", ".join(filter(None, ["the driver on its CPU", ranks, f"each of {cfg.rollout.workers} rollout "
+                                                                        "worker(s)"]))
+    return "this process" if n == 1 else ranks

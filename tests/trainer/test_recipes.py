@@ -70,7 +70,9 @@ def test_the_sharded_ray_recipe_plans_workers_ranks_and_the_rank_0_copy():
     assert roles["learner"].startswith("6 rank(s), strategy fsdp2, precision bf16_mixed")
     shard = -(-QWEN7B // 6) * 16  # a shard holds ceil(P / ranks) parameters
     assert _device(run, "learner ranks 1-5").total == shard
-    assert _device(run, "learner rank 0").total == shard + QWEN7B * 4  # + the whole fp32 copy
+    assert _device(run, "learner rank 0").total == shard  # its GPU holds its shards alone, like the others
+    assert _device(run, "learner rank 0's whole-policy copy").total == QWEN7B * 4  # the whole fp32 copy, in host memory
+    assert any("rank 0 loads the whole policy into its host memory (about 38.1 GB" in note for note in run.notes)
     assert _device(run, "rollout worker").total == QWEN7B * 4 + QWEN7B * 2  # its fp32 copy + vLLM's bf16 one
     assert any("63.5 GB" in note for note in run.notes)  # the loader's check: whole model + a sixth of the state
 
