@@ -85,8 +85,9 @@ def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
     return tuple((c.name, c.weight) for c in components)
 
 
-def build_policy(cfg: Config, device: str | None = None):
-    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device)."""
+def build_policy(cfg: Config, device: str | None = None, trains: bool = True):
+    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device);
+    ``trains=False``: a copy that is not trained where it is loaded (the load check counts its weights alone)."""
     from grpoplus.models.load import load_policy
 
     d = cfg.data
@@ -95,18 +96,21 @@ def build_policy(cfg: Config, device: str | None = None):
                            device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
                            lora=cfg.learner.lora_rank > 0,
                            shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1,
-                           trains=not host_copy_only(cfg, device))
-
-
-def host_copy_only(cfg: Config, device: str | None) -> bool:
-    """True when the policy is loaded only as a sharded learner's whole copy in host memory (its training state
-    lives on the GPUs): the load check counts its weights alone."""
-    return device == "cpu" and cfg.learner.device.startswith("cuda") and whole_copy_in_host_memory(cfg)
+                           trains=trains)
 
 
 def is_sharded(cfg: Config) -> bool:
     """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
     return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
+
+
+def on_gpus(cfg: Config) -> bool:
+    return cfg.learner.device.startswith("cuda")
+
+
+def process_device(cfg: Config) -> str:
+    """The device of a role's own process (a learner rank, a Ray actor): one GPU per process is ``cuda``."""
+    return "cuda" if on_gpus(cfg) else cfg.learner.device
 
 
 def whole_copy_in_host_memory(cfg: Config) -> bool:
@@ -136,8 +140,9 @@ def build_task_and_model(cfg: Config):
     if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
-    # on Ray: the roles' devices; a sharded learner's rank 0 may keep it in host memory
-    model, tokenizer = build_policy(cfg, "cpu" if cfg.run.cluster == "ray" or whole_copy_in_host_memory(cfg) else None)
+    # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
+    host = cfg.run.cluster == "ray" or whole_copy_in_host_memory(cfg)
+    model, tokenizer = build_policy(cfg, "cpu" if host else None, trains=not (host and on_gpus(cfg)))
     return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
 
 
@@ -306,14 +311,19 @@ class WorkerParts:
     model: torch.nn.Module
     engine: object
     release_memory: bool  # give the rollout's freed memory back after each request (run.release_memory)
+    device: str  # where the worker's engine runs (and the collective weight sync receives)
 
 
 def build_rollout_worker(config: dict) -> WorkerParts:
-    """A Ray rollout worker's parts, in its own process, from the run's config (the weights come with sync)."""
+    """A Ray rollout worker's parts, in its own process, from the run's config (the weights come with sync). A vLLM
+    worker's copy of the policy is only what vLLM is started from and synced through (vLLM holds its own weights):
+    it stays in host memory, never beside vLLM on the GPU."""
     from grpoplus.learner.replay import check_replay
 
     cfg = build_config(base=config)
     build_process(cfg)
-    model, tokenizer = build_policy(cfg)
+    device = process_device(cfg)
+    model, tokenizer = build_policy(cfg, "cpu" if cfg.rollout.engine == "vllm" else device, trains=False)
     moe = check_replay(cfg.algo.routing_replay, model) is not None  # the sampler's routing, as in one process
-    return WorkerParts(model, build_engine(cfg, model, tokenizer, record_routing=moe), cfg.run.release_memory != "off")
+    return WorkerParts(model, build_engine(cfg, model, tokenizer, record_routing=moe), cfg.run.release_memory != "off",
+                       device)

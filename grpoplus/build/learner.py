@@ -15,6 +15,8 @@ from grpoplus.build.factories import (
     build_process,
     is_sharded,
     logp_old_source,
+    on_gpus,
+    process_device,
     whole_copy_in_host_memory,
 )
 from grpoplus.config import Config, build_config
@@ -111,13 +113,9 @@ def build_rank_model(config: dict, device: str | None = None, rank: int = 0
     build_process(cfg)
     if rank > 0 and is_sharded(cfg):
         return cfg, None
-    model, _ = build_policy(cfg, "cpu" if whole_copy_in_host_memory(cfg) else device or rank_device_type(cfg))
+    host = whole_copy_in_host_memory(cfg)
+    model, _ = build_policy(cfg, "cpu" if host else device or process_device(cfg), trains=not (host and on_gpus(cfg)))
     return cfg, model
-
-
-def rank_device_type(cfg: Config) -> str:
-    """A learner rank's device as its own process names it (one GPU per rank process: cuda)."""
-    return "cuda" if cfg.learner.device.startswith("cuda") else cfg.learner.device
 
 
 # How a learner rank's process builds itself, handed to the learner roles (roles never import the build layer).

@@ -10,10 +10,11 @@ optimizer on the same gradient, so the weights stay identical on every rank: ran
 the ones published to the engines and written to checkpoints.
 
 With ``learner.strategy=fsdp2`` every forward is a collective (:mod:`grpoplus.distributed.sharding`):
-rank 0 sends the scored groups instead, every rank prepares the whole batch and updates its
-shards, and publishing gathers the whole weights from the shards on every rank, rank 0 keeping
-them in its plain copy of the policy; a checkpoint holds those weights, every rank's
-optimizer shards and the sharded reference gathered whole on rank 0.
+rank 0 sends the scored groups instead, every rank prepares the whole batch (each scoring 1/N of
+its rows in the no-grad passes, gathered) and updates its shards, and publishing gathers the
+whole weights from the shards on every rank, rank 0 keeping them in its plain copy of the policy;
+a checkpoint holds those weights, every rank's optimizer shards and the sharded reference gathered
+whole on rank 0.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def update_step(parts: LearnerParts, batch: TrainBatch, step: int, algo: A.AlgoC
 def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.AlgoConfig, plan: LearnerPlan
                ) -> UpdateResult:
     """Prepare the whole batch and update, on this rank (a sharded learner's every rank runs this)."""
-    batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan, parts.teacher)
+    batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan, parts.teacher, parts.hooks)
     result = update_step(parts, batch, step, algo, plan)
     metrics.update(result.metrics)
     return UpdateResult(metrics, entropy if entropy is not None else result.entropy)

@@ -6,7 +6,8 @@
   overlapped with the backward. The sum, not DDP's mean: the loss is normalised over the whole
   mini-batch (ALGORITHMS.md section 3), so the ranks' gradients add up to one process's.
 - ``learner.strategy=fsdp2``: the model is sharded (:mod:`grpoplus.distributed.sharding`); every
-  backward reduce-scatters, so every rank runs as many micro-batches as the busiest one.
+  backward reduce-scatters, so every rank runs as many micro-batches as the busiest one; the no-grad
+  passes that prepare a batch are split over the ranks too (each scores 1/N of the rows).
 
 In both, a rank whose share of a mini-batch is short runs stand-ins (a copy of a micro-batch, its
 loss times 0): the collectives of a backward need every rank. A peer that dies or stops answering
@@ -96,3 +97,17 @@ class ShardHooks(RankHooks):
     def share(self, micro: list) -> tuple[list, list]:
         mine, _ = super().share(micro)
         return mine, [(mine or micro)[0]] * (-(-len(micro) // self.group.world) - len(mine))
+
+    def score(self, fn, rollouts):
+        """Each rank scores a contiguous 1/N of the rows, padded to the same count with copies of its last row (so
+        that every rank runs the same forwards, each a collective), and the parts are gathered in row order:
+        every rank ends with the whole batch's log-probs for 1/N of the work."""
+        n, rank, world = rollouts.response_ids.shape[0], self.group.rank, self.group.world
+        size = -(-n // world)
+        mine = list(range(min(rank * size, n), min((rank + 1) * size, n)))
+        rows = mine + [mine[-1] if mine else n - 1] * (size - len(mine))
+        with self.group.guarding("the no-grad log-prob passes"):
+            out = fn(rollouts.select(torch.tensor(rows)))
+        parts = self.group.gather([(len(mine), out)])
+        return tuple(None if out[i] is None else torch.cat([theirs[i][:k] for k, theirs in parts])
+                     for i in range(len(out)))

@@ -41,7 +41,8 @@ class RolloutWorker:
 
     def __init__(self, config: dict, build):
         parts = build(config)  # grpoplus.build.factories.build_rollout_worker; the weights come with sync()
-        self.model, self.engine, self.release_memory = parts.model, parts.engine, parts.release_memory
+        self.model, self.engine, self.release_memory, self.device = parts.model, parts.engine, parts.release_memory, \
+            parts.device
 
     def ready(self) -> int:
         return os.getpid()
@@ -60,7 +61,8 @@ class RolloutWorker:
         self.engine.sync_weights(StateDict(weights), version)
 
     def join_weight_sync(self, address: str, rank: int, world: int, timeout_s: float) -> None:
-        self.weights_in = WeightGroup.join(address, rank, world, self.model, timeout_s, f"rollout worker {rank - 1}")
+        self.weights_in = WeightGroup.join(address, rank, world, self.model, timeout_s, f"rollout worker {rank - 1}",
+                                           self.device)
 
     def receive_weights(self, version: int) -> None:
         self.weights_in.broadcast(self.model)

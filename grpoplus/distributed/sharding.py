@@ -11,9 +11,10 @@ Three things follow from every forward being a collective, and the learner honou
 - the learner's log-probs run as an FSDP forward method of the root (``LEARNER_FORWARD``): the
   learner calls the body and uses the head's weight itself, outside the root's ``forward``, so
   the root's hooks (unshard before, reduce-scatter after) are attached to that method instead;
-- every rank runs the same number of forwards: each rank prepares the whole batch (no-grad
-  passes included) and takes an equal number of micro-batches of each mini-batch, a rank short
-  of one running a copy of one of its own with no loss (:class:`grpoplus.distributed.placement.ShardHooks`);
+- every rank runs the same number of forwards: each rank prepares the whole batch, scoring an equal
+  share of its rows in the no-grad passes (the last share padded with copies of a row), and takes an
+  equal number of micro-batches of each mini-batch, a rank short of one running a copy of one of its
+  own with no loss (:class:`grpoplus.distributed.placement.ShardHooks`);
 - every forward runs the same layers the same number of times: a shared-prompt forward runs its
   prompt pass and its response pass whatever the rows (``share_prompts="always"``), where one
   process skips the second pass when no two rows share a prompt.
@@ -78,7 +79,7 @@ def sharded_twin(spec: tuple, whole: torch.nn.Module | None, device: torch.devic
     cls, config, training = spec
     with torch.device("meta"):
         model = cls(config)
-    model.train(training).requires_grad_(not frozen)
+    model.train(training and not frozen).requires_grad_(not frozen)
     shard(model, precision, offload, device)
     model.to_empty(device="cpu" if offload else device)  # offloaded shards live in CPU memory, buffers on the GPU
     if offload:

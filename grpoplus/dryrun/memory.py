@@ -73,9 +73,14 @@ def _local_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, to
 
 def _ray_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, tokens: Tokens) -> list[Device]:
     lrn, r = cfg.learner, cfg.rollout
-    label = "1 GPU each" if lrn.device.startswith("cuda") else "cpu (a Ray node's memory)"
-    engine, aside = engine_items(cfg, policy, own_copy=True, tokens=tokens, workers=r.workers)
+    gpu = lrn.device.startswith("cuda")
+    label = "1 GPU each" if gpu else "cpu (a Ray node's memory)"
+    host = gpu and r.engine == "vllm"  # a vLLM worker's own copy stays in host memory, beside vLLM's on the GPU
+    engine, aside = engine_items(cfg, policy, own_copy=not host, tokens=tokens, workers=r.workers)
     devices = [Device(label, f"rollout worker ({r.engine}), each", r.workers, engine, aside),
+               *([Device("a rollout worker's host memory", "rollout worker's copy of the policy (vLLM starts from "
+                         "it and takes the synced weights through it), each", r.workers,
+                         [Item("the policy, fp32", _bytes(policy.params, FP32))])] if host else []),
                Device(label, "learner rank 0", 1, learner_items(cfg, policy, teacher, rank=0)),
                *filter(None, [host_copy_device(cfg, policy)])]
     if lrn.data_parallel > 1:

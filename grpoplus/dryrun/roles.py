@@ -153,19 +153,7 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
                      f"{policy.arch.vocab}: fine when both have one tokenizer (the rows past it are padding); the run "
                      "compares the tokenizers when it starts")
     if policy.params is not None and not is_builtin(lrn.model):  # the built-in models load unchecked
-        from grpoplus.build.factories import whole_copy_in_host_memory
-
-        shards = lrn.data_parallel if _sharded(cfg) else 1
-        need = training_bytes(policy.params, torch.float32, lora=lrn.lora_rank > 0, shards=shards)
-        host = gpu and whole_copy_in_host_memory(cfg)
-        loaders = _loaders(cfg, rank_0=not host)
-        if loaders:
-            notes.append(f"load check: every process that loads the policy ({loaders}) refuses to unless about "
-                         f"{need / 1e9:.1f} GB is free on its device (grpoplus.models.memory.check_fits)")
-        if host:
-            copy = training_bytes(policy.params, torch.float32, lora=False, trains=False)
-            notes.append(f"load check: learner rank 0 loads the whole policy into its host memory (about "
-                         f"{copy / 1e9:.1f} GB free), then takes its shard onto its GPU")
+        notes += _load_checks(cfg, policy.params, gpu)
     if teacher is not None and teacher.params is not None:
         need = training_bytes(teacher.params, torch.float32, lora=False, trains=False)
         notes.append(f"load check: the teacher's weights, about {need / 1e9:.1f} GB, must be free on each learner "
@@ -173,12 +161,32 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
     return notes
 
 
-def _loaders(cfg: Config, rank_0: bool = True) -> str:
-    """Who loads the policy whole on a device (a sharded learner's ranks but 0 take only their shards from rank 0;
-    ``rank_0=False``: rank 0 loads it into host memory, said apart); empty when nobody does."""
-    n, sharded = cfg.learner.data_parallel, _sharded(cfg)
-    ranks = ("learner rank 0" if rank_0 else "") if sharded else f"each of {n} learner rank(s)"
-    if cfg.run.cluster == "ray":
-        return ", ".join(filter(None, ["the driver on its CPU", ranks, f"each of {cfg.rollout.workers} rollout "
-                                                                        "worker(s)"]))
-    return "this process" if n == 1 else ranks
+def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
+    """What the loader's memory check (grpoplus.models.memory.check_fits) asks of each process that loads the
+    policy: room to train it where a learner loads it, room for its weights where a copy is only held."""
+    import torch
+
+    from grpoplus.build.factories import whole_copy_in_host_memory
+    from grpoplus.models.memory import training_bytes
+
+    lrn, ray = cfg.learner, cfg.run.cluster == "ray"
+    n, sharded, host = lrn.data_parallel, _sharded(cfg), whole_copy_in_host_memory(cfg) and gpu
+    trainers = ["this process" if n == 1 and not ray else "learner rank 0" if sharded else
+                f"each of the {n} learner ranks"] if not host else []
+    copies = ["learner rank 0 (into its host memory; the other ranks take their shards from it)"] if host else []
+    if ray:
+        (copies if gpu else trainers).insert(0, "the driver (on its CPU)")
+        where = "host memory" if gpu and cfg.rollout.engine == "vllm" else "its device"
+        copies.append(f"each of {cfg.rollout.workers} rollout worker(s) (into its {where})")
+    notes = []
+    if trainers:
+        need = training_bytes(params, torch.float32, lora=lrn.lora_rank > 0, shards=n if sharded else 1)
+        notes.append(f"load check: {', '.join(trainers)} refuse(s) to load the policy unless about {need / 1e9:.1f} "
+                     "GB is free on its device (grpoplus.models.memory.check_fits)")
+    if copies:
+        need = training_bytes(params, torch.float32, lora=False, trains=False)
+        notes.append(f"load check: {', '.join(copies)} hold(s) a copy of the policy's weights: about "
+                     f"{need / 1e9:.1f} GB free where each loads it")
+    return notes
+
+

@@ -18,6 +18,11 @@ class UpdateHooks:
         with no loss, so that every rank runs the collectives its peers run)."""
         return micro, []
 
+    def score(self, fn, rollouts):
+        """The no-grad passes of the batch's preparation (logp_old, logp_ref): ``fn(rows)`` returns a tuple of
+        [rows, T] CPU tensors (or None) for a :class:`~grpoplus.containers.Rollouts`; one process scores every row."""
+        return fn(rollouts)
+
     def forward(self, fn, model, *args, **kwargs):
         """The training forward ``fn(model, *args, **kwargs)`` (through the placement's wrapper, which then
         synchronises the gradients in the backward)."""

@@ -17,6 +17,7 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
+from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
@@ -86,6 +87,12 @@ def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
     return "forward" if algo.updates_per_batch == 1 and not needed_before else "recompute"
 
 
+def forward_sharing(plan: LearnerPlan) -> bool | str:
+    """How the learner's forwards share prompts: a sharded learner's run both passes whatever the rows ("always"),
+    since every forward is a collective and its ranks see different rows."""
+    return "always" if plan.sharded and plan.share_prompts else plan.share_prompts
+
+
 @torch.no_grad()
 def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy: bool,
                      routing: LearnerRouting | None = None):
@@ -97,7 +104,7 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
                                           rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                           temperature=plan.temperature, with_entropy=with_entropy,
                                           micro_batch_size=plan.micro_batch_size, routing=routing,
-                                          share_prompts=plan.share_prompts)
+                                          share_prompts=forward_sharing(plan))
     return logp.cpu(), None if entropy is None else entropy.cpu()
 
 
@@ -112,10 +119,11 @@ def old_pass_routing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerRou
                           replay=plan.routing_replay == "r3", record=plan.routing_replay == "r2")
 
 
-def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: LearnerPlan, teacher=None
-            ) -> tuple[TrainBatch, torch.Tensor | None, dict[str, float]]:
+def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: LearnerPlan, teacher=None,
+            hooks: UpdateHooks = ONE_PROCESS) -> tuple[TrainBatch, torch.Tensor | None, dict[str, float]]:
     """Returns (batch, entropy [N, T] when measured here - None when the update measures it, metrics).
-    ``teacher`` (grpoplus.teacher): on-policy distillation's, scoring the sampled tokens (section 11)."""
+    ``teacher`` (grpoplus.teacher): on-policy distillation's, scoring the sampled tokens (section 11);
+    ``hooks``: how the no-grad passes meet the other ranks (a sharded learner's ranks each score 1/N of the rows)."""
     r = scored.rollouts
     if plan.routing_replay == "r3" and r.routing is None:
         raise ValueError("algo.routing_replay=r3 replays the rollout engine's expert routing, but the engine returned "
@@ -125,13 +133,14 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     routing = r.routing  # R3 replays it; off measures the learner's routing against it; R2 replaces it below
     if plan.logp_old == "recompute" or algo.entropy_mask_rho < 1.0:  # the entropy mask needs entropy first
         old_routing = old_pass_routing(model, r, plan)
-        logp_old, entropy = learner_logprobs(model, r, plan, with_entropy=True, routing=old_routing)
+        logp_old, entropy = hooks.score(lambda rows: learner_logprobs(model, rows, plan, with_entropy=True,
+                                                                      routing=old_routing), r)
         if plan.routing_replay == "r2":  # logp_old_mode: R2 always has this pass
             routing = old_routing.natural
     if plan.logp_old == "rollout":
         logp_old = r.logp_roll.clone()
     if ref_model is not None:
-        logp_ref, _ = learner_logprobs(ref_model, r, plan, with_entropy=False)
+        logp_ref, _ = hooks.score(lambda rows: learner_logprobs(ref_model, rows, plan, with_entropy=False), r)
     elif plan.reference_adapters_off:
         with adapters_off(model):
             logp_ref, _ = learner_logprobs(model, r, plan, with_entropy=False)

@@ -24,7 +24,7 @@ from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.precision import autocast
-from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.prepare import LearnerPlan, forward_sharing
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
@@ -135,7 +135,7 @@ def _forward(model, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, with_
              routing):
     """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
     metrics only (``with_entropy``), else None."""
-    share = "always" if plan.sharded and plan.share_prompts else plan.share_prompts  # sharded: uniform passes
+    share = forward_sharing(plan)
     with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every), \
             autocast(plan.precision, mb.prompt_ids.device):
         if entropy_grad:

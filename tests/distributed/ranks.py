@@ -201,3 +201,22 @@ def sharded_start(group: RankGroup, model_dir: str, world: int) -> dict:
         out.update(gathered=policy, gathered_ref=reference,
                    loaded_state={k: v.clone() for k, v in [*model.state_dict().items(), *model.named_buffers()]})
     return out
+
+
+def sharded_scores(group: RankGroup, n: int) -> dict:
+    """ShardHooks.score over ``n`` rows: the rows this rank scored, and the gathered result."""
+    from grpoplus.containers import Rollouts
+    from grpoplus.distributed.placement import ShardHooks
+
+    ids = torch.arange(n)[:, None].repeat(1, 3)  # row i's response tokens are all i
+    rollouts = Rollouts(ids[:, :1], torch.ones(n, 1, dtype=torch.long), ids, torch.ones(n, 3), torch.zeros(n, 3),
+                        torch.ones(n, dtype=torch.bool), torch.arange(n) // 2, [""] * n, list(range(-(-n // 2))))
+    scored = []
+
+    def fn(rows):
+        scored.append(rows.response_ids[:, 0].tolist())
+        return rows.response_ids.float() * 10, None
+
+    hooks = ShardHooks(group)
+    values, nothing = hooks.score(fn, rollouts)
+    return {"scored": scored, "values": values, "nothing": nothing}
