@@ -114,10 +114,10 @@ def process_device(cfg: Config) -> str:
 
 
 def whole_copy_in_host_memory(cfg: Config) -> bool:
-    """True when a sharded learner's rank 0 keeps its whole copy of the policy (checkpoints, weights to the engines)
-    in host memory rather than on its device: no engine samples with that copy in rank 0's process (vLLM holds
+    """True when a sharded learner's rank 0 on GPUs keeps its whole copy of the policy (checkpoints, weights to the
+    engines) in host memory rather than on its GPU: no engine samples with that copy in rank 0's process (vLLM holds
     its own weights, Ray's rollout workers theirs), so rank 0's GPU holds only its shards, like the other ranks'."""
-    return is_sharded(cfg) and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
+    return on_gpus(cfg) and is_sharded(cfg) and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
 
 
 @contextmanager

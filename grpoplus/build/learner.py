@@ -15,7 +15,6 @@ from grpoplus.build.factories import (
     build_process,
     is_sharded,
     logp_old_source,
-    on_gpus,
     process_device,
     whole_copy_in_host_memory,
 )
@@ -114,7 +113,7 @@ def build_rank_model(config: dict, device: str | None = None, rank: int = 0
     if rank > 0 and is_sharded(cfg):
         return cfg, None
     host = whole_copy_in_host_memory(cfg)
-    model, _ = build_policy(cfg, "cpu" if host else device or process_device(cfg), trains=not (host and on_gpus(cfg)))
+    model, _ = build_policy(cfg, "cpu" if host else device or process_device(cfg), trains=not host)
     return cfg, model
 
 

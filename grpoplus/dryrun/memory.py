@@ -105,10 +105,10 @@ def _device_label(device: str, first: int, last: int | None = None) -> str:
 def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, rank: int) -> list[Item]:
     """What learner rank ``rank`` keeps on its device: the trained policy (its shard), rank 0's whole copy under
     fsdp2 (unless it is kept in host memory: :func:`host_copy_device`), the reference and the teacher."""
-    from grpoplus.build.factories import is_sharded
+    from grpoplus.build.factories import is_sharded, whole_copy_in_host_memory
 
     items = policy_items(cfg, policy)
-    if rank == 0 and is_sharded(cfg) and host_copy_device(cfg, None) is None:
+    if rank == 0 and is_sharded(cfg) and not whole_copy_in_host_memory(cfg):
         items.append(whole_copy_item(policy))
     reference = reference_item(cfg, policy)
     if reference is not None:
@@ -123,16 +123,15 @@ def whole_copy_item(policy: ModelSize) -> Item:
                 _bytes(policy.params, FP32))
 
 
-def host_copy_device(cfg: Config, policy: ModelSize | None) -> Device | None:
+def host_copy_device(cfg: Config, policy: ModelSize) -> Device | None:
     """The host memory of a sharded learner's rank 0 on GPUs when its whole copy of the policy lives there (no
     engine samples with it in rank 0's process: vLLM, or Ray's rollout workers); else None."""
     from grpoplus.build.factories import whole_copy_in_host_memory
 
-    if not (whole_copy_in_host_memory(cfg) and cfg.learner.device.startswith("cuda")):
+    if not whole_copy_in_host_memory(cfg):
         return None
-    items = [whole_copy_item(policy)] if policy is not None else []
     return Device("learner rank 0's host memory", "learner rank 0's whole-policy copy (checkpoints, weights to the "
-                  "engines)", 1, items)
+                  "engines)", 1, [whole_copy_item(policy)])
 
 
 def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:

@@ -40,7 +40,9 @@ def _device(cfg: Config, rank: int = 0) -> str:
 
 
 def _rollout(cfg: Config) -> str:
-    r, sharded = cfg.rollout, _sharded(cfg)
+    from grpoplus.build.factories import is_sharded
+
+    r, sharded = cfg.rollout, is_sharded(cfg)
     if cfg.run.cluster == "ray":
         gpu = "1 GPU each" if cfg.learner.device.startswith("cuda") else "CPU"
         return (f"{r.workers} rollout worker(s), Ray actors, each its own {r.engine} engine on its own copy of the "
@@ -99,10 +101,6 @@ def _rewards(cfg: Config) -> str:
     prm = f"; process reward model {d.prm} on {cfg.learner.device}" if d.prm else ""
     env = f"; multi-turn in {env_of(d)}" if env_of(d) else ""
     return f"{', '.join(names)}{extra}: {where}{prm}{env}"
-
-
-def _sharded(cfg: Config) -> bool:
-    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
 
 
 def machine_needs(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[str]:
@@ -166,11 +164,11 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
     policy: room to train it where a learner loads it, room for its weights where a copy is only held."""
     import torch
 
-    from grpoplus.build.factories import whole_copy_in_host_memory
+    from grpoplus.build.factories import is_sharded, whole_copy_in_host_memory
     from grpoplus.models.memory import training_bytes
 
     lrn, ray = cfg.learner, cfg.run.cluster == "ray"
-    n, sharded, host = lrn.data_parallel, _sharded(cfg), whole_copy_in_host_memory(cfg) and gpu
+    n, sharded, host = lrn.data_parallel, is_sharded(cfg), whole_copy_in_host_memory(cfg)
     trainers = ["this process" if n == 1 and not ray else "learner rank 0" if sharded else
                 f"each of the {n} learner ranks"] if not host else []
     copies = ["learner rank 0 (into its host memory; the other ranks take their shards from it)"] if host else []
