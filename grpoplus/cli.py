@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     from grpoplus.export import register_export
     from grpoplus.lab.cli import register_lab
     from grpoplus.metrics.commands import register_commands
+    from grpoplus.selftest import register_selftest
 
     parser = argparse.ArgumentParser(prog="grpoplus", description="RL post-training with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_export(sub)
     sub.add_parser("presets", help="list the algorithm presets: what each sets, and its paper").set_defaults(func=_presets)
     register_lab(sub)
+    register_selftest(sub)
     return parser
 
 
