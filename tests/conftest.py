@@ -6,6 +6,18 @@ from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory) -> str:
     """The built-in nano model (untrained, seed 0) saved as a Hugging Face model directory."""

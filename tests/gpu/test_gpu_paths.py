@@ -1,0 +1,126 @@
+"""GPU paths beyond the selftest's checks (``pytest -m gpu``; skipped without CUDA): FSDP2 mixed precision over
+NCCL, the reference and the teacher in bf16, ``learner.tf32``, MoE routing replay and the multi-turn guess task on
+the device. One GPU each: NCCL refuses two ranks on one device."""
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpoplus.cli import main
+from grpoplus.distributed.placement import ShardHooks
+from grpoplus.distributed.sharding import model_spec, sharded_twin
+from grpoplus.learner.checkpoint import latest_checkpoint
+from grpoplus.learner.hooks import ONE_PROCESS
+from grpoplus.learner.precision import lower_frozen_linears, set_tf32
+from grpoplus.learner.prepare import learner_logprobs
+from grpoplus.learner.update import update_policy
+from grpoplus.metrics import read_metrics
+from grpoplus.models.moe import tiny_moe_model
+from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.selftest import fixtures as F
+from grpoplus.selftest.rank_checks import one_rank
+from grpoplus.selftest.runner import Context
+from grpoplus.teacher.load import load_teacher
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=8", "eval_size=4", "eval_samples=0", "progress=false",
+         "loggers=[]", "doctor_every=0", "micro_batch_size=8", "num_minibatches=2", "device=cuda"]
+
+
+@pytest.fixture(autouse=True)
+def _ieee_fp32_after():
+    yield
+    set_tf32(False)
+
+
+def _bf16_updates(model, hooks, plan) -> list[float]:
+    opt, sched = F.optimizer(model)
+    scorer = F.nano(CUDA)
+    losses = []
+    for step in range(2):
+        batch = F.batch(scorer, F.sample(scorer, seed=step), F.plan("bf16_mixed"), seed=step)
+        losses.append(update_policy(model, opt, sched, batch, F.algo(), plan, first_step=step, hooks=hooks
+                                    ).metrics["loss/total"])
+    return losses
+
+
+def test_fsdp2_bf16_mixed_over_nccl_trains_close_to_one_process_bf16(tmp_path):
+    # FSDP2 gathers the layers' parameters in bf16 (its MixedPrecisionPolicy): norms and the residual stream run in
+    # bf16 where one process keeps them in float32 under autocast, so the two agree to bf16 rounding only.
+    plain = F.nano(CUDA)
+    ours = _bf16_updates(plain, ONE_PROCESS, F.plan("bf16_mixed"))
+    with one_rank(Context(CUDA, tmp_path)) as group:
+        whole = F.nano(CUDA)
+        model = sharded_twin(model_spec(whole), whole, CUDA, "bf16_mixed")
+        theirs = _bf16_updates(model, ShardHooks(group), F.plan("bf16_mixed", sharded=True))
+        local = {k: v.to_local() for k, v in model.named_parameters()}
+    assert all(v.dtype == torch.float32 for v in local.values())  # the sharded master weights
+    start = dict(F.nano(CUDA).named_parameters())
+    with torch.no_grad():
+        moved = torch.cat([(p - start[k]).flatten() for k, p in plain.named_parameters()])
+        diff = torch.cat([(p - local[k]).flatten() for k, p in plain.named_parameters()])
+    assert float(diff.norm() / moved.norm()) < 0.25  # the same update, up to bf16 rounding (AdamW's first steps
+    # are near sign steps: an element whose gradient is tiny may move either way, so no elementwise bound)
+    assert all(abs(a - b) < 5e-2 for a, b in zip(ours, theirs)), (ours, theirs)
+
+
+def test_a_bf16_reference_scores_like_float32_weights_under_cuda_autocast():
+    model = F.nano(CUDA)
+    ref = lower_frozen_linears(copy.deepcopy(model).requires_grad_(False), "bf16_mixed")
+    assert ref.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    rollouts = F.sample(model)
+    plan = F.plan("bf16_mixed")
+    assert torch.equal(learner_logprobs(ref, rollouts, plan, False)[0], learner_logprobs(model, rollouts, plan, False)[0])
+
+
+def test_a_local_teacher_loads_on_the_gpu_with_bf16_linears(tmp_path):
+    teacher = load_teacher(F.nano_dir(tmp_path / "teacher"), CUDA, "bf16_mixed")
+    weights = [p for p in teacher.model.parameters()]
+    assert all(p.device.type == "cuda" for p in weights)
+    assert teacher.model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    rollouts = F.sample(F.nano(CUDA))
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # the learner's autocast, which the teacher scores under
+        logp, _ = teacher.token_logprobs(rollouts)
+    assert logp.device.type == "cpu" and torch.isfinite(logp).all()
+    assert (logp[rollouts.response_mask == 0] == 0).all()
+
+
+def test_tf32_switch_trades_float32_accuracy_on_the_gpu():
+    a, b = torch.randn(2048, 2048, device=CUDA), torch.randn(2048, 2048, device=CUDA)
+    exact = a.double() @ b.double()
+    errors = {}
+    for enabled in (False, True):
+        set_tf32(enabled)
+        errors[enabled] = float(((a @ b).double() - exact).abs().max())
+    assert errors[False] < errors[True] / 10, errors  # TF32 keeps 10 mantissa bits of float32's 23
+
+
+def test_a_run_with_tf32_trains_on_the_gpu(nano_dir, tmp_path):
+    assert main(["train", "--preset", "grpo", "--model", nano_dir, "--out", str(tmp_path / "run"), "max_steps=2",
+                 "tf32=true", *SMALL]) == 0
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert all(v == v for v in read_metrics(tmp_path / "run")[-1].values())
+
+
+@pytest.mark.parametrize("mode", ["r2", "r3"])
+def test_moe_routing_replay_trains_on_the_gpu(tmp_path, mode):
+    tok = char_tokenizer()
+    tiny_moe_model(tok, size="moe-nano", seed=0).save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    out = tmp_path / mode
+    assert main(["train", "--preset", "grpo", "--model", str(tmp_path / "moe"), "--out", str(out), "max_steps=2",
+                 f"routing_replay={mode}", *SMALL]) == 0
+    last = read_metrics(out)[-1]
+    assert 0.0 <= last["moe/routing_mismatch"] <= 1.0 and last["moe/load_max_frac"] >= 0.25
+
+
+def test_the_multi_turn_guess_task_trains_on_the_gpu(nano_dir, tmp_path):
+    out = tmp_path / "guess"
+    assert main(["train", "--task", "guess", "--model", nano_dir, "--out", str(out), "max_steps=2", *SMALL]) == 0
+    last = read_metrics(out)[-1]
+    assert last["env/turns_max"] <= 4 and "env/return_mean" in last
+    weights = load_file(next(latest_checkpoint(out).glob("*.safetensors")))
+    assert all(torch.isfinite(w).all() for w in weights.values())
