@@ -10,7 +10,8 @@ Nothing on those pages is copied by hand, so nothing there can drift from the co
 
 A hand-written page can also embed generated tables with an HTML comment (invisible on GitHub):
 ``<!-- config-keys: learner.lora_* -->`` (the reference rows of those keys) and
-``<!-- optional-packages -->`` (``grpoplus.packages.OPTIONAL_PACKAGES``).
+``<!-- optional-packages -->`` (``grpoplus.packages.OPTIONAL_PACKAGES``) and ``<!-- selftest-checks -->``
+(``grpoplus.selftest.CHECKS``: each check of ``grpoplus selftest`` and what it proves).
 
 The pages are added in ``on_files`` as generated files (``File.generated``, MkDocs >= 1.6): nothing
 is written into ``docs/``. Tests import this module to compare the pages with the registries.
@@ -223,6 +224,7 @@ PAGES = {
 }
 KEYS_COMMENT = re.compile(r"^<!-- config-keys: (.+?) -->$", re.M)
 PACKAGES_COMMENT = re.compile(r"^<!-- optional-packages -->$", re.M)
+SELFTEST_COMMENT = re.compile(r"^<!-- selftest-checks -->$", re.M)
 
 
 def packages_table() -> str:
@@ -231,6 +233,15 @@ def packages_table() -> str:
 
     rows = ["| package (import name) | needed by | install |", "|---|---|---|"]
     rows += [f"| `{module}` | {cell(needed_by)} | `{pip}` |" for module, (needed_by, pip) in OPTIONAL_PACKAGES.items()]
+    return "\n".join(rows)
+
+
+def selftest_table() -> str:
+    """``grpoplus.selftest.CHECKS`` in the order they run: each check's name and what it proves."""
+    from grpoplus.selftest import CHECKS
+
+    rows = ["| check | what it proves on the machine |", "|---|---|"]
+    rows += [f"| `{c.name}` | {cell(c.what)} |" for c in CHECKS]
     return "\n".join(rows)
 
 
@@ -244,4 +255,5 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     markdown = PACKAGES_COMMENT.sub(lambda m: packages_table(), markdown)
+    markdown = SELFTEST_COMMENT.sub(lambda m: selftest_table(), markdown)
     return KEYS_COMMENT.sub(lambda m: key_table(m.group(1).split()), markdown)

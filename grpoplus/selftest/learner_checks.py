@@ -35,7 +35,9 @@ def _engine_gap(ctx: Context, precision: str) -> dict:
     return {"tokens": int(mask.sum()), "max_gap": float(gap.max()), "mean_gap": float(gap.mean())}
 
 
-@check("engine_logprobs", "process", "the hf engine's logp_roll equals the learner's log-probs (fp32, TF32 off)")
+@check("engine_logprobs", "process",
+       "the hf engine's logp_roll equals the learner's log-probs to 1e-5 (fp32, TF32 off: the CPU tests' "
+       "tolerance)")
 def engine_logprobs(ctx: Context) -> dict:
     figures = _engine_gap(ctx, "fp32")
     if not figures["max_gap"] <= FP32_TOLERANCE:
@@ -44,7 +46,9 @@ def engine_logprobs(ctx: Context) -> dict:
     return figures
 
 
-@check("engine_logprobs_bf16", "process", "the same in learner.precision=bf16_mixed, within a stated bound")
+@check("engine_logprobs_bf16", "process",
+       "the same in learner.precision=bf16_mixed: mean gap <= 0.01, largest <= 0.15 nats (a GPU without native "
+       "bf16 fails it, saying so)")
 def engine_logprobs_bf16(ctx: Context) -> dict:
     _require_bf16(ctx)
     figures = _engine_gap(ctx, "bf16_mixed")
@@ -54,7 +58,8 @@ def engine_logprobs_bf16(ctx: Context) -> dict:
     return figures
 
 
-@check("chunked_head", "process", "the learner's chunked LM head equals full logits, log-probs and gradient")
+@check("chunked_head", "process",
+       "the learner's chunked LM head gives the full logits' log-probs (1e-5) and head gradient (1e-4)")
 def chunked_head_matches(ctx: Context) -> dict:
     F.ieee_fp32(ctx.device)
     model = F.nano(ctx.device)
@@ -79,7 +84,8 @@ def chunked_head_matches(ctx: Context) -> dict:
     return figures
 
 
-@check("bf16_update", "process", "a bf16_mixed update is finite and lowers the loss on a fixed batch")
+@check("bf16_update", "process",
+       "four bf16_mixed updates on one batch stay finite, keep float32 master weights and lower the loss")
 def bf16_update(ctx: Context) -> dict:
     _require_bf16(ctx)
     model = F.nano(ctx.device)
@@ -100,7 +106,9 @@ def bf16_update(ctx: Context) -> dict:
     return {"loss_first": losses[0], "loss_last": losses[-1]}
 
 
-@check("lora", "process", "LoRA: only the adapters train; the engine's merged weights sample what the learner scores")
+@check("lora", "process",
+       "LoRA: only the adapters train, and the engine's merged weights sample what the learner scores (1e-5); "
+       "skipped without peft")
 def lora(ctx: Context) -> dict:
     if importlib.util.find_spec("peft") is None:
         raise CheckSkipped("peft is not installed (pip install -e '.[lora]')")

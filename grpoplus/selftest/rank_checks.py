@@ -76,19 +76,21 @@ def _sharded(ctx: Context, offload: bool) -> dict:
         return _compare("fsdp2" + (" with cpu_offload" if offload else ""), model, plain, theirs, ours)
 
 
-@check("fsdp2_one_rank", "rank", "learner.strategy=fsdp2 on one rank (NCCL on a GPU) trains like the plain learner")
+@check("fsdp2_one_rank", "rank",
+       "learner.strategy=fsdp2 on one rank (NCCL on a GPU, gloo on a CPU) trains like the plain learner (weights "
+       "within 1e-5 after two updates)")
 def fsdp2_one_rank(ctx: Context) -> dict:
     return _sharded(ctx, offload=False)
 
 
-@check("cpu_offload", "rank", "learner.cpu_offload (fsdp2, shards in host memory) trains like the plain learner")
+@check("cpu_offload", "rank", "the same with learner.cpu_offload (the shards in host memory); GPU only")
 def cpu_offload(ctx: Context) -> dict:
     if not ctx.on_gpu:
         raise CheckSkipped("learner.cpu_offload is a GPU setting")
     return _sharded(ctx, offload=True)
 
 
-@check("ddp_one_rank", "rank", "learner.strategy=replicate (DDP) on one rank trains like the plain learner")
+@check("ddp_one_rank", "rank", "learner.strategy=replicate (DDP) on one rank trains like the plain learner (1e-5)")
 def ddp_one_rank(ctx: Context) -> dict:
     F.ieee_fp32(ctx.device)
     plain, ours = _plain(ctx)
