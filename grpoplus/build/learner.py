@@ -24,6 +24,7 @@ from grpoplus.learner.checkpointing import require_checkpointable
 from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.replay import check_replay
+from grpoplus.models.device import compute_device
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.teacher import load_teacher
 
@@ -56,7 +57,7 @@ def _parts(cfg: Config, model: torch.nn.Module, ref_model: torch.nn.Module | Non
            mirror: torch.nn.Module | None = None) -> LearnerParts:
     optimizer, scheduler = build_optimizer(cfg, model)
     lrn = cfg.learner
-    teacher = None if lrn.teacher is None else load_teacher(lrn.teacher, next(model.parameters()).device, lrn.precision)
+    teacher = None if lrn.teacher is None else load_teacher(lrn.teacher, compute_device(model), lrn.precision)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(cfg.algo), mirror,
                         teacher=teacher)
 

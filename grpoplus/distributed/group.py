@@ -72,6 +72,11 @@ class RankGroup:
     def join(cls, rdv: Rendezvous) -> "RankGroup":
         """Join the group (every rank calls this); a rank that does not join in time is an error."""
         timeout = datetime.timedelta(seconds=rdv.timeout_s)
+        # NCCL works on the current device: this rank's GPU, not GPU 0 for every rank ("cuda" without an index, a
+        # Ray actor's one GPU, is the current device already; torch.cuda.set_device refuses it)
+        device = torch.device(rdv.device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
         try:
             dist.init_process_group(rdv.backend, init_method=rdv.init_method, rank=rdv.rank, world_size=rdv.world,
                                     timeout=timeout)

@@ -56,6 +56,7 @@ from torch.distributed.fsdp import (
 
 from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
 from grpoplus.learner.precision import COMPUTE_DTYPES
+from grpoplus.models.device import set_compute_device
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -85,6 +86,7 @@ def sharded_twin(spec: tuple, whole: torch.nn.Module | None, device: torch.devic
     if offload:
         for module in model.modules():
             module._buffers.update({name: b.to(device) for name, b in module._buffers.items() if b is not None})
+        set_compute_device(model, device)  # the learner's batches go to the GPU, not where the shards are
     fill_from_rank0(model, whole)
     return model
 
@@ -108,7 +110,9 @@ def shard(model: torch.nn.Module, precision: str, offload: bool = False,
     with a model on the meta device, ``device`` then naming where its shards go);
     ``offload``: the shards live in CPU memory and each layer is copied to the GPU to run (learner.cpu_offload)."""
     device = device or next(model.parameters()).device
-    if device.type == "cuda":  # FSDP2's default mesh and NCCL streams live on the current device
+    # FSDP2's default mesh and NCCL streams live on the current device; "cuda" without an index (a Ray actor's
+    # one GPU) is the current device already, and torch.cuda.set_device refuses a device without an index
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32) \
         if precision != "fp32" else MixedPrecisionPolicy()

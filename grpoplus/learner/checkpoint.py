@@ -194,7 +194,10 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pat
 
 
 def load_state(path: Path) -> dict:
-    return torch.load(path / STATE_FILE, weights_only=False)
+    """The trainer state of the checkpoint at ``path``, its tensors on the CPU: a GPU run's optimizer state was saved
+    on the GPU that wrote it (every rank would otherwise load it onto that one GPU); ``Optimizer.load_state_dict``
+    moves each tensor to its parameter's device."""
+    return torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
 
 
 def load_reference(ref_model: torch.nn.Module, path: Path) -> None:

@@ -21,6 +21,7 @@ from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
+from grpoplus.models.device import compute_device
 from grpoplus.models.lora import adapters_off
 from grpoplus.models.routing import RoutingSpec
 
@@ -98,7 +99,7 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
                      routing: LearnerRouting | None = None):
     """No-grad log-probs [N, T] (and entropy) of the rollouts under ``model``, returned on the CPU;
     ``routing`` replays or records the MoE routing of its forwards."""
-    device = next(model.parameters()).device
+    device = compute_device(model)
     with autocast(plan.precision, device):
         logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
                                           rollouts.response_ids.to(device), rollouts.response_mask.to(device),
@@ -113,7 +114,7 @@ def old_pass_routing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerRou
     the learner's own (to replay in the training forwards), off routes naturally (None)."""
     if plan.routing_replay == "off":
         return None
-    device = next(model.parameters()).device
+    device = compute_device(model)
     routing = None if rollouts.routing is None else rollouts.routing.to(device)
     return LearnerRouting(model, routing, input_mask(rollouts.prompt_mask, rollouts.response_mask).to(device),
                           replay=plan.routing_replay == "r3", record=plan.routing_replay == "r2")

@@ -52,8 +52,8 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     cache.layers = [_PromptLayer() for _ in cache.layers]
-    first = torch.full((len(unique),), len(prompts), dtype=torch.long).scatter_reduce_(
-        0, inverse, torch.arange(len(prompts)), "amin")  # [u] a row holding each distinct prompt
+    first = torch.full((len(unique),), len(prompts), dtype=torch.long, device=inverse.device).scatter_reduce_(
+        0, inverse, torch.arange(len(prompts), device=inverse.device), "amin")  # [u] a row holding each distinct prompt
     body = model.model
     head_in = body(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
                    position_ids=position_ids[first, :prompt_len], **cache_kwargs(body, cache),

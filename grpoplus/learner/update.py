@@ -28,6 +28,7 @@ from grpoplus.learner.prepare import LearnerPlan, forward_sharing
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
+from grpoplus.models.device import compute_device
 
 LOSS_KEYS = ("loss/policy", "loss/distill", "loss/total")  # micro-batch parts of one globally normalised loss: add up
 
@@ -185,7 +186,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
     of this batch's first optimizer step (seeds Clip-Cov's selection). ``hooks``: the placement's (every
     learner rank calls this with the same batch)."""
-    batch = batch.to(next(model.parameters()).device)
+    batch = batch.to(compute_device(model))
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     model.train()
     parts, skipped, entropy, k = [], 0, None, first_step

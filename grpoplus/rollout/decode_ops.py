@@ -6,7 +6,9 @@
 - Attention: transformers' SDPA path expands grouped key/value heads to the query heads
   (``repeat_kv``, another copy of the cache per layer and step) whenever a mask is given,
   which left padding always needs. :func:`decode_attention` hands the un-expanded heads
-  to ``scaled_dot_product_attention(enable_gqa=True)``: the same numbers, no copy.
+  to ``scaled_dot_product_attention(enable_gqa=True)``: the same numbers, no copy. CPU only:
+  on a GPU, SDPA's fused kernels refuse ``enable_gqa`` with a mask and it would fall back to
+  its math kernel (the whole [q, k] score matrix, in float32), so the model's own path stays.
 - Linear layers: a decode step multiplies a few rows by every weight matrix, where MKL's
   plain GEMM is slow on a CPU. :func:`packed_linears` multiplies by a copy of every fp32
   weight that oneDNN reordered once per rollout (the kernels PyTorch's own CPU inference
@@ -105,9 +107,12 @@ AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
 @contextmanager
 def decode_attention(model: torch.nn.Module):
     """Run ``model``'s SDPA attention as :func:`gqa_sdpa_attention` inside the block (the learner, which
-    shares the module, gets its own back on exit). Models on another implementation are left as they are."""
+    shares the module, gets its own back on exit). Models on another implementation, or not on the CPU
+    (see the module docstring), are left as they are."""
     config = getattr(model, "config", None)
-    switch = getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation")
+    param = next(model.parameters(), None)
+    switch = getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation") \
+        and param is not None and param.device.type == "cpu"
     if switch:
         model.set_attn_implementation(DECODE_ATTENTION)
     try:

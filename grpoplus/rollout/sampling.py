@@ -40,10 +40,15 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> 
     does not bias the tail); an index of probability 0 has an empty interval and is never
     drawn. ``torch.multinomial`` draws one exponential variate per vocabulary entry
     instead, ~20x slower for a 49k vocabulary on a CPU.
+
+    The uniforms are drawn on ``generator``'s own device and then moved to ``probs``'s: a
+    CPU generator (the collector's, whose state a checkpoint keeps) draws the same stream
+    whether the model runs on the CPU or a GPU.
     """
     cdf = probs.double().cumsum(-1)  # [n, V]
     total = cdf[:, -1:]  # [n, 1]
-    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
+    device = probs.device if generator is None else generator.device
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=device).to(probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total even after rounding
     return torch.searchsorted(cdf, u, right=True).squeeze(1)  # the first i with cdf[i] > u
 

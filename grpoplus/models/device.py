@@ -1,0 +1,21 @@
+"""Where a model computes, which is not always where its parameters are."""
+
+from __future__ import annotations
+
+import torch
+
+COMPUTE_DEVICE = "grpoplus_compute_device"
+"""An attribute naming the device a model runs on when its parameters live elsewhere."""
+
+
+def compute_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model``'s forwards run on: its parameters' device, or the one recorded by
+    :func:`set_compute_device` (a sharded learner with ``learner.cpu_offload``: its shards live in host memory and
+    FSDP2 copies each layer to the GPU to run, so its inputs, and everything computed from its outputs, belong on
+    the GPU)."""
+    return getattr(model, COMPUTE_DEVICE, None) or next(model.parameters()).device
+
+
+def set_compute_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    setattr(model, COMPUTE_DEVICE, torch.device(device))
+    return model
