@@ -1,10 +1,11 @@
 """The GPU check: ``grpoplus selftest``, ``pytest -m gpu`` and the side by side with TRL, in one command.
 
 A GPU machine lent for a few minutes has torch, transformers and peft but no network: what grpoplus and the
-benchmark need beyond them travels as wheels, with SmolLM2's tokenizer, in an ignored folder of the checkout
-(``.gpu/``, a few MB). grpoplus runs there from the source tree (``PYTHONPATH``), on the machine's own torch::
+benchmark need beyond them travels as wheels, with SmolLM2's tokenizer and the main job's warm start, in an
+ignored folder of the checkout (``.gpu/``, about 10 MB). grpoplus runs there from the source tree
+(``PYTHONPATH``), on the machine's own torch::
 
-    python benchmarks/gpu_check.py prepare                # here: .gpu/wheels/ (Python 3.12) and .gpu/tokenizer/
+    python benchmarks/gpu_check.py prepare                # here: .gpu/ (wheels for Python 3.12, tokenizer, warm start)
     python3 benchmarks/gpu_check.py run --out "$OUT"      # there (carry .gpu): one summary.md and the logs
     python benchmarks/gpu_check.py rehearse --out DIR     # CI: prepare for this interpreter, run --device cpu --tiny
 
@@ -43,9 +44,9 @@ WHEELS = {  # import name -> requirement: what grpoplus and the benchmark import
 }
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
-SHAPES = ("0.5b", "1.5b")
-TINY = ["--shape", "tiny", "--prompts", "2", "--group", "2", "--new-tokens", "8", "--steps", "3", "--warmup", "1"]
-FULL = ["--prompts", "32", "--group", "8", "--new-tokens", "256", "--steps", "4", "--warmup", "1"]
+SHAPES = ("qwen2.5-1.5b", "qwen2.5-0.5b")  # 1.5B first: every target applies to it
+TINY = ["--prompts", "2", "--group", "2", "--new-tokens", "8", "--steps", "3", "--warmup", "1"]
+FULL = ["--prompts", "32", "--group", "8", "--new-tokens", "256", "--steps", "3", "--warmup", "1"]
 
 
 def prepare(gpu_dir: Path, python_version: str) -> None:
@@ -60,8 +61,9 @@ def prepare(gpu_dir: Path, python_version: str) -> None:
                     "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels),
                     *WHEELS.values()], check=True)
     save_tokenizer(gpu_dir / "tokenizer")
+    save_warm_start(gpu_dir / "cache")
     size = sum(f.stat().st_size for f in gpu_dir.rglob("*") if f.is_file()) / 2**20
-    print(f"{gpu_dir}: {len(list(wheels.glob('*.whl')))} wheels and SmolLM2's tokenizer, {size:.1f} MiB "
+    print(f"{gpu_dir}: {len(list(wheels.glob('*.whl')))} wheels, SmolLM2's tokenizer and the warm start, {size:.1f} MiB "
           f"(64 MiB may travel with a check)\non the GPU machine, carrying {gpu_dir.name}: "
           f"PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py run --out $OUT")
 
@@ -71,6 +73,16 @@ def save_tokenizer(path: Path) -> None:
     from grpoplus.models.load import load_tokenizer
 
     load_tokenizer("smollm2").save_pretrained(path)
+
+
+def save_warm_start(cache: Path) -> None:
+    """The main job's warm-started tiny model, built here into ``cache`` (``GRPOPLUS_CACHE`` there): the GPU
+    machine's minutes go to the checks, not to the supervised warm start (about a minute on a CPU)."""
+    os.environ["GRPOPLUS_CACHE"] = str(cache)
+    from grpoplus.build.factories import build_policy
+    from grpoplus.config import build_config
+
+    build_policy(build_config("dapo"), "cpu")
 
 
 def install_missing(gpu_dir: Path, site: Path) -> list[str]:
@@ -125,7 +137,8 @@ def run(out: Path, device: str, gpu_dir: Path, budget_s: float, tiny: bool) -> i
     with tempfile.TemporaryDirectory(prefix="grpoplus-site-") as site:
         installed = install_missing(gpu_dir, Path(site))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                   PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+                   PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                   GRPOPLUS_CACHE=str(gpu_dir / "cache"))  # the warm start prepare built
         lines.append(f"- wheels unpacked: {', '.join(installed) or 'none (all present)'}")
         failed = []
         code, secs, text = step("selftest", [sys.executable, "-m", "grpoplus", "selftest", "--device", device,
@@ -151,27 +164,33 @@ def run(out: Path, device: str, gpu_dir: Path, budget_s: float, tiny: bool) -> i
 
 def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budget, tiny: bool
                  ) -> tuple[int, list[str]]:
-    """TRL and grpoplus alternated per shape while the budget allows; (exit code, the summary's lines)."""
+    """Each shape's model saved once, then TRL and grpoplus alternated, round by round (every shape's first pair
+    before any second), while the budget allows; (exit code, the summary's lines)."""
     bench = [sys.executable, str(ROOT / "benchmarks" / "gpu_vs_trl.py")]
     records, log, notes, code = out / "bench.jsonl", out / "bench.log", [], 0
-    shapes = ["tiny"] if tiny else list(SHAPES)
-    pairs = 1 if tiny else 2
-    for shape in shapes:
-        sizes = TINY if tiny else ["--shape", shape, *FULL]
-        estimate = 0.0
-        for pair in range(pairs):
+    shapes, rounds = (["tiny"], 1) if tiny else (list(SHAPES), 2)
+    estimate = {shape: 0.0 for shape in shapes}  # a call's seconds on the shape: the longest so far
+
+    def call(name: str, args: list[str], shape: str, cap: float) -> int:
+        if budget.left() < estimate[shape] * 1.2 + 10:
+            notes.append(f"- {name}: left out ({budget.left():.0f} s of the budget left, a call on {shape} took "
+                         f"{estimate[shape]:.0f} s)")
+            return -1
+        rc, secs, text = step(name, [*bench, *args], env, log, budget, cap)
+        estimate[shape] = max(estimate[shape], secs)
+        with records.open("a") as handle:
+            handle.writelines(line + "\n" for line in text.splitlines() if line.startswith('{"'))
+        return rc
+
+    saved = {shape: call(f"save {shape}", ["save", "--shape", shape, "--device", device, "--tokenizer",
+                                           str(gpu_dir / "tokenizer")], shape, 180) == 0 for shape in shapes}
+    for pair in range(rounds):
+        for shape in (s for s in shapes if saved[s]):
             for side in ("trl", "grpoplus"):
-                if budget.left() < estimate * 1.2 + 10:
-                    notes.append(f"- {side} on {shape}, pair {pair + 1}: left out (budget: {budget.left():.0f} s "
-                                 f"left, the last call took {estimate:.0f} s)")
-                    continue
-                rc, secs, text = step(f"{side} {shape}", [*bench, side, "--device", device, "--tokenizer",
-                                                          str(gpu_dir / "tokenizer"), *sizes],
-                                      env, log, budget, 300)
-                estimate = max(estimate, secs)
-                code = code or rc
-                with records.open("a") as handle:
-                    handle.writelines(line + "\n" for line in text.splitlines() if line.startswith('{"'))
+                rc = call(f"{side} {shape} (pair {pair + 1})", [side, "--shape", shape, "--device", device,
+                                                                *(TINY if tiny else FULL)], shape, 300)
+                code = code or max(rc, 0)
+    code = code or int(not all(saved.values()))
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \
         if records.is_file() else (1, 0.0, "no benchmark call ran")
     return code or rc, ["```", text.strip(), "```", *notes]
