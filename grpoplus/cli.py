@@ -1,4 +1,4 @@
-"""``grpoplus`` command line: train | report | compare | doctor | export | presets | lab."""
+"""``grpoplus`` command line: train | report | compare | doctor | export | presets | lab | selftest."""
 
 from __future__ import annotations
 

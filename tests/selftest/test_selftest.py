@@ -103,6 +103,19 @@ def test_a_gpu_without_bf16_fails_the_bf16_checks_and_says_why(monkeypatch, one_
     assert all(r.message.startswith("Tesla T4") for r in report.failed)
 
 
+def test_a_gpu_without_nccl_fails_the_rank_checks_in_one_line(monkeypatch, tmp_path, one_thread):
+    import grpoplus.selftest.rank_checks as R
+    from grpoplus.selftest.runner import Context
+
+    class OnGpu(Context):  # the rank checks' view of the device; the models still run on the CPU
+        on_gpu = True
+
+    monkeypatch.setattr(R, "nccl_problem", lambda: "torch 2.13.0 has no NCCL backend: install a CUDA build of torch")
+    for check in (R.fsdp2_one_rank, R.ddp_one_rank):
+        with pytest.raises(CheckFailed, match="^torch 2.13.0 has no NCCL backend: install a CUDA build of torch$"):
+            check(OnGpu(torch.device("cpu"), tmp_path))
+
+
 def test_an_unknown_check_and_a_bad_device_are_refused(capsys):
     assert main(["selftest", "--only", "engine_logprobs,nope"]) == 2
     assert "unknown selftest check(s) nope; choose from: engine_logprobs" in capsys.readouterr().err
