@@ -79,7 +79,7 @@ def save_warm_start(cache: Path) -> None:
     """The main job's warm-started tiny model, built here into ``cache`` (``GRPOPLUS_CACHE`` there): the GPU
     machine's minutes go to the checks, not to the supervised warm start (about a minute on a CPU)."""
     os.environ["GRPOPLUS_CACHE"] = str(cache)
-    from grpoplus.build.factories import build_policy
+    from grpoplus.assemble.factories import build_policy
     from grpoplus.config import build_config
 
     build_policy(build_config("dapo"), "cpu")

@@ -267,11 +267,11 @@ def grpoplus_config(a: argparse.Namespace, out: str, overrides: list[str]):
 
 
 def run_grpoplus(a: argparse.Namespace, overrides: list[str]) -> dict:
-    from grpoplus.build import build
+    from grpoplus.assemble import assemble
 
     with tempfile.TemporaryDirectory(prefix="grpoplus-gpu-bench-") as out:
         cfg = grpoplus_config(a, out, overrides)
-        c = build(cfg)
+        c = assemble(cfg)
         try:
             return grpoplus_steps(a, cfg, c, overrides)
         finally:

@@ -56,7 +56,7 @@ def synthetic_batch(vocab: int, with_logp_old: bool, with_logp_ref: bool = False
 
 
 def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Queue") -> None:
-    from grpoplus.build.learner import build_learner_rank_parts, build_rank_model
+    from grpoplus.assemble.learner import build_learner_rank_parts, build_rank_model
     from grpoplus.config import build_config
     from grpoplus.distributed.group import RankGroup, Rendezvous
     from grpoplus.distributed.learner import update_step

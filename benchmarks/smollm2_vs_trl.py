@@ -128,7 +128,7 @@ def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
 
 
 def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) -> dict:
-    from grpoplus.build import build
+    from grpoplus.assemble import assemble
     from grpoplus.config import build_config
     from grpoplus.trainer import train_step
 
@@ -138,7 +138,7 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
         "num_minibatches=1", "num_iterations=1",  # one update per batch (the dapo preset takes 4)
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
-    c = build(cfg)
+    c = assemble(cfg)
     import grpoplus.rollout.hf as hf
 
     prefill_s: list[float] = []

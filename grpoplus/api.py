@@ -190,9 +190,9 @@ def _reward_specs(specs: list[str], weights: Sequence[float] | None) -> list:
 
 def _weighted(spec: str, weight: float) -> dict:
     """The dict form of ``spec`` with ``weight``; a spec that carries a weight of its own is refused."""
-    from grpoplus.rewards.pipeline import _split_spec
+    from grpoplus.rewards.pipeline import split_spec
 
-    target, own, kwargs = _split_spec(spec)
+    target, own, kwargs = split_spec(spec)
     if own != 1.0:
         raise ValueError(f"reward spec {spec!r} has its own weight: give it in the spec or in reward_weights")
     return {"name": target, "weight": weight, **({"kwargs": kwargs} if kwargs else {})}

@@ -24,12 +24,19 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """A dict of named objects of one kind with a registering decorator.
 
-    Duplicate names are rejected; a lookup miss lists the names that exist.
+    Duplicate names are rejected; a lookup miss lists the names that exist. ``builtins`` names modules whose import
+    registers built-in entries and that the registry's own module cannot import (they import it): they are imported
+    at the first lookup.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, builtins: tuple[str, ...] = ()):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._builtins = list(builtins)
+
+    def _load_builtins(self) -> None:
+        while self._builtins:
+            importlib.import_module(self._builtins.pop(0))
 
     def register(self, name: str, *, overwrite: bool = False) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -44,6 +51,7 @@ class Registry(Generic[T]):
         self._items[name] = obj
 
     def get(self, name: str) -> T:
+        self._load_builtins()
         try:
             return self._items[name]
         except KeyError:
@@ -52,13 +60,15 @@ class Registry(Generic[T]):
             ) from None
 
     def names(self) -> list[str]:
+        self._load_builtins()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        self._load_builtins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
 
 def import_object(spec: str) -> object:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpoplus.build import Components, build
-from grpoplus.build.learner import RANK_BUILDERS
+from grpoplus.assemble import Components, assemble
+from grpoplus.assemble.learner import RANK_BUILDERS
 from grpoplus.config import Config, build_config
 from grpoplus.containers import ScoredGroups
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
@@ -90,7 +90,7 @@ def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict]
     if not resume:
         run_dir.clear(cfg.run.overwrite)
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    c = build(cfg)
+    c = assemble(cfg)
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)

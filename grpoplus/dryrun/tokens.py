@@ -60,7 +60,7 @@ def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str]:
     tokenizer, why = _tokenizer(cfg.learner.model)
     if tokenizer is None:
         return None, None, why
-    from grpoplus.build.factories import build_data
+    from grpoplus.assemble.factories import build_data
 
     try:
         _, train, _ = build_data(cfg, tokenizer)

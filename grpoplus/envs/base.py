@@ -43,14 +43,12 @@ class MalformedStep(ValueError):
 
 
 # name -> factory(**row) -> environment
-ENVS: Registry = Registry("environment")
+ENVS: Registry = Registry("environment", builtins=("grpoplus.envs.guess",))
 
 
 def env_factory(spec: str) -> Callable[..., Any]:
     """The factory ``data.env`` names: a registered environment, ``module:factory`` or ``path/file.py:factory``."""
     if ":" not in spec:
-        import grpoplus.envs.guess  # noqa: F401  (registers the built-in environments)
-
         return ENVS.get(spec)
     factory = import_object(spec)
     if not callable(factory):

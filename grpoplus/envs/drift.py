@@ -11,7 +11,7 @@ boundary differs from the ids sampled.
 
 from __future__ import annotations
 
-from grpoplus.envs.render import _roles_known, has_template, messages, with_tools
+from grpoplus.envs.render import has_template, messages, roles_known, with_tools
 
 
 def drifted(tokenizer, episode) -> bool:
@@ -24,7 +24,7 @@ def drifted(tokenizer, episode) -> bool:
             if k < len(episode.said):
                 msgs += messages(episode.said[k])
         msgs, tools = with_tools(tokenizer, msgs, episode.tools)  # as the prompt was rendered
-        text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tools=tools, tokenize=False)
+        text = tokenizer.apply_chat_template(roles_known(tokenizer, msgs), tools=tools, tokenize=False)
     else:
         text = tokenizer.decode(ids)
     again = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -60,7 +60,7 @@ def first_prompt_ids(tokenizer, obs: Observation, tools: list[dict] | None = Non
     msgs, tools = with_tools(tokenizer, msgs, tools)
     if not has_template(tokenizer):
         return tokenizer(text_of(msgs))["input_ids"]
-    text = tokenizer.apply_chat_template(_roles_known(tokenizer, msgs), tools=tools, tokenize=False,
+    text = tokenizer.apply_chat_template(roles_known(tokenizer, msgs), tools=tools, tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -97,7 +97,7 @@ def _suffix_form(tokenizer, roles: tuple[str, ...]) -> str:
 
 
 def _render_suffix(tokenizer, msgs) -> str:
-    full = _roles_known(tokenizer, [{"role": r, "content": c} for r, c in msgs])
+    full = roles_known(tokenizer, [{"role": r, "content": c} for r, c in msgs])
     base = tokenizer.apply_chat_template(_PROBE, tokenize=False)
     extended = tokenizer.apply_chat_template(_PROBE + full, tokenize=False, add_generation_prompt=True)
     end = base.rindex("y") + 1
@@ -121,7 +121,7 @@ def chat_suffix(tokenizer, msgs: tuple) -> str:
     return _render_suffix(tokenizer, msgs)  # a template that edits the content it writes
 
 
-def _roles_known(tokenizer, msgs: list[dict]) -> list[dict]:
+def roles_known(tokenizer, msgs: list[dict]) -> list[dict]:
     """``tool`` messages as ``user`` ones for a template that refuses the tool role."""
     if not any(m["role"] == "tool" for m in msgs) or _renders_tool_role(tokenizer):
         return msgs

@@ -23,12 +23,12 @@ from contextlib import nullcontext
 
 import torch
 
-from grpoplus.learner.logprobs import TokenLogProb, _chunks, _work_dtype
+from grpoplus.learner.logprobs import TokenLogProb, float_work_dtype, row_slices
 
 
 def _row_chunks(logits: torch.Tensor) -> list[slice]:
     """Row slices of ``logits`` [N, T, V] within the shared chunk budget of the log-prob path."""
-    return _chunks(logits.shape[0], logits.shape[1] * logits.shape[2])
+    return row_slices(logits.shape[0], logits.shape[1] * logits.shape[2])
 
 
 class TokenEntropy(torch.autograd.Function):
@@ -40,7 +40,7 @@ class TokenEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-        out = logits.new_empty(logits.shape[:2], dtype=_work_dtype(logits.dtype))  # [N, T]
+        out = logits.new_empty(logits.shape[:2], dtype=float_work_dtype(logits.dtype))  # [N, T]
         for rows in _row_chunks(logits):
             logp = (logits[rows].to(out.dtype) / temperature).log_softmax(-1)  # [n, T, V]
             out[rows] = -(logp.exp() * logp).sum(-1)

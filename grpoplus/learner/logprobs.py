@@ -22,10 +22,10 @@ from functools import partial
 
 import torch
 
-from grpoplus.learner.precision import autocast_to
+from grpoplus.containers import Rollouts
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
+from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
-from grpoplus.rollout.base import Rollouts
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
 
@@ -34,12 +34,12 @@ HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe
 ``lm_head(model.model(...).last_hidden_state)``: no bias, scale or soft-cap after the head."""
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+def float_work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half-precision and float32 models, float64 for float64 ones (exact gradient tests)."""
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunks(total: int, width: int) -> list[slice]:
+def row_slices(total: int, width: int) -> list[slice]:
     """Slices of at most ``CHUNK_ELEMENTS // width`` rows covering ``range(total)``."""
     rows = max(1, CHUNK_ELEMENTS // max(1, width))
     return [slice(i, i + rows) for i in range(0, total, rows)]
@@ -60,11 +60,11 @@ class ChunkedHeadLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
                 with_entropy: bool):
-        work = _work_dtype(hidden.dtype)
+        work = float_work_dtype(hidden.dtype)
         logp = hidden.new_empty(hidden.shape[0], dtype=work)  # [M]
         lse = torch.empty_like(logp)  # [M]
         entropy = torch.empty_like(logp) if with_entropy else None
-        for rows in _chunks(hidden.shape[0], weight.shape[0]):
+        for rows in row_slices(hidden.shape[0], weight.shape[0]):
             z = (hidden[rows] @ weight.T).to(work).div_(temperature)  # [c, V]
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
@@ -83,7 +83,7 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[:2]
         d_hidden = torch.empty_like(hidden) if need_h else None  # [M, H]
         d_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None  # [V, H]
-        for rows in _chunks(hidden.shape[0], weight.shape[0]):
+        for rows in row_slices(hidden.shape[0], weight.shape[0]):
             h = hidden[rows]  # [c, H]
             with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
                 z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
@@ -113,8 +113,8 @@ class TokenLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-        out = logits.new_empty(tokens.shape, dtype=_work_dtype(logits.dtype))  # [N, T]
-        for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+        out = logits.new_empty(tokens.shape, dtype=float_work_dtype(logits.dtype))  # [N, T]
+        for rows in row_slices(logits.shape[0], logits.shape[1] * logits.shape[2]):
             z = logits[rows].to(out.dtype) / temperature  # [n, T, V]
             out[rows] = z.gather(-1, tokens[rows, :, None]).squeeze(-1) - z.logsumexp(-1)
         ctx.save_for_backward(logits, tokens)
@@ -125,7 +125,7 @@ class TokenLogProb(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         logits, tokens = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [N, T, V]
-        for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+        for rows in row_slices(logits.shape[0], logits.shape[1] * logits.shape[2]):
             p = (logits[rows].to(grad_out.dtype) / ctx.temperature).softmax(-1)  # [n, T, V]
             onehot_minus_p = p.neg_().scatter_add_(-1, tokens[rows, :, None], torch.ones_like(p[..., :1]))
             grad[rows] = (onehot_minus_p * (grad_out[rows, :, None] / ctx.temperature)).to(grad.dtype)
@@ -135,8 +135,8 @@ class TokenLogProb(torch.autograd.Function):
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy of ``softmax(logits / temperature)`` per position: [N, T, V] -> [N, T] float32 or float64 (no grad)."""
-    out = logits.new_empty(logits.shape[:2], dtype=_work_dtype(logits.dtype))
-    for rows in _chunks(logits.shape[0], logits.shape[1] * logits.shape[2]):
+    out = logits.new_empty(logits.shape[:2], dtype=float_work_dtype(logits.dtype))
+    for rows in row_slices(logits.shape[0], logits.shape[1] * logits.shape[2]):
         logp = (logits[rows].to(out.dtype) / temperature).log_softmax(-1)  # [n, T, V]
         out[rows] = -(logp.exp() * logp).sum(-1)
     return out
@@ -219,7 +219,7 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(
         prompt_ids, prompt_mask, response_ids, response_mask, min_response=2 if share_prompts == "always" else 0)
     if t1 == 0:  # no response token at all: nothing to score
-        zeros = response_mask.new_zeros(n, T, dtype=_work_dtype(next(model.parameters()).dtype))
+        zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
     head = chunked_head(model)
     args = (input_ids, attention_mask, position_ids, response_ids[:, :t1], response_mask[:, :t1], temperature,

@@ -21,9 +21,10 @@ inputs, float32 accumulation); no effect on a CPU.
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 
 import torch
+
+from grpoplus.models.device import autocast_to
 
 PRECISIONS = ("fp32", "bf16_mixed")
 """The values of ``learner.precision``."""
@@ -40,13 +41,6 @@ def _device_type(device: str | torch.device) -> str:
 def autocast(precision: str, device: str | torch.device):
     """The context every learner forward runs in: bf16 autocast for ``bf16_mixed``, nothing for ``fp32``."""
     return autocast_to(COMPUTE_DTYPES[precision], device)
-
-
-def autocast_to(dtype: torch.dtype | None, device: str | torch.device):
-    """Autocast to ``dtype`` on ``device``'s type; nothing for float32 or None (the weights' own precision)."""
-    if dtype is None or dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(_device_type(device), dtype=dtype)
 
 
 def check_precision(precision: str, device: str | torch.device) -> None:

@@ -5,16 +5,8 @@ Importing this package is cheap: matplotlib, TensorBoard and the trackers are im
 by the functions that draw or write to them.
 """
 
-from .doctor import (
-    CHECKS,
-    DoctorThresholds,
-    Finding,
-    LiveDoctor,
-    batch_info_from_config,
-    diagnose,
-    parse_thresholds,
-    threshold_docs,
-)
+from .checks import CHECKS, DoctorThresholds, Finding, threshold_docs
+from .doctor import LiveDoctor, batch_info_from_config, diagnose, parse_thresholds
 from .loggers import LOGGERS, Logger, require_loggers
 from .writer import METRICS_FILE, MetricsWriter, read_metrics
 

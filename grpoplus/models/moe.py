@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeConfig
 
 MOE_SIZES: dict[str, dict] = {
     # Unit tests: 2 layers of 4 experts, top-2.
@@ -54,15 +54,6 @@ def tiny_moe_config(vocab_size: int, *, size: str = "moe", **overrides) -> Qwen3
     fields.update(MOE_SIZES[size])
     fields.update(overrides)
     return Qwen3MoeConfig(**fields)
-
-
-def tiny_moe_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "moe", seed: int = 0,
-                   **overrides) -> Qwen3MoeForCausalLM:
-    """A randomly initialised fp32 tiny Qwen3-MoE for ``tokenizer``; same ``seed`` -> same weights
-    (``tiny_model`` with an MoE size; ``overrides`` are Qwen3MoeConfig fields)."""
-    from grpoplus.models.tiny import tiny_model  # tiny.py dispatches its MoE sizes to this module's config
-
-    return tiny_model(tokenizer, size=size, seed=seed, **overrides)
 
 
 @contextmanager

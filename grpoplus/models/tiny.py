@@ -65,3 +65,10 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed:
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def tiny_moe_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "moe", seed: int = 0,
+                   **overrides) -> Qwen3MoeForCausalLM:
+    """A randomly initialised fp32 tiny Qwen3-MoE for ``tokenizer``; same ``seed`` -> same weights
+    (``tiny_model`` with an MoE size; ``overrides`` are Qwen3MoeConfig fields)."""
+    return tiny_model(tokenizer, size=size, seed=seed, **overrides)

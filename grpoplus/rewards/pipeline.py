@@ -61,7 +61,7 @@ def _scalar(text: str):
     return yaml.safe_load(text)  # "512" -> 512, "0.5" -> 0.5, "true" -> True, "abc" -> "abc"
 
 
-def _split_spec(spec: str) -> tuple[str, float, dict]:
+def split_spec(spec: str) -> tuple[str, float, dict]:
     """``target[:weight][:k=v,k=v]`` -> (target, weight, kwargs); the parameters start at the first ``:``-part
     holding ``=``, so a value may itself contain ``:`` (``url=http://host:8000/v1``)."""
     parts = spec.split(":")
@@ -121,7 +121,7 @@ def parse_reward_specs(specs: list, extra: dict[str, RewardFn] | None = None) ->
                 raise ValueError(f"reward spec {spec!r} must have 'name' and only 'weight', 'kwargs' besides")
             target, weight, kwargs = spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("kwargs") or {})
         elif isinstance(spec, str) and spec.strip():
-            target, weight, kwargs = _split_spec(spec.strip())
+            target, weight, kwargs = split_spec(spec.strip())
         else:
             raise ValueError(f"reward spec must be a non-empty string or a dict, got {spec!r}")
         name, fn, source = _resolve(target, extra)

@@ -17,7 +17,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
-from grpoplus.learner.precision import autocast_to
+from grpoplus.models.device import autocast_to
 from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec

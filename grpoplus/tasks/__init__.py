@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 
-from grpoplus.envs import guess  # noqa: F401  (registers the built-in multi-turn task)
 from grpoplus.tasks import arithmetic, countdown, wordproblems  # noqa: F401  (registers the built-in tasks)
 from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
 

@@ -64,4 +64,4 @@ def is_correct(score: float | None) -> bool:
 
 
 # name -> factory(**kwargs) -> Task
-TASKS: Registry = Registry("task")
+TASKS: Registry = Registry("task", builtins=("grpoplus.envs.guess",))  # the multi-turn guess task

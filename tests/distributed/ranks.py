@@ -165,7 +165,7 @@ def sharded_start(group: RankGroup, model_dir: str, world: int) -> dict:
     """A sharded learner rank built as a run builds it (beta > 0: the reference too): what it holds."""
     from torch.distributed.tensor import DTensor
 
-    from grpoplus.build.learner import build_learner_rank_parts, build_rank_model
+    from grpoplus.assemble.learner import build_learner_rank_parts, build_rank_model
     from grpoplus.config import build_config
 
     cores = os.sched_getaffinity

@@ -83,13 +83,13 @@ def test_two_replicated_ranks_in_bf16_mixed_train_like_one_process_in_bf16(nano_
 def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     """train() equals the stages run by hand in the order of the synchronous loop (collect, prepare,
     update, sync), step for step: the default path is unchanged by the scale-out."""
-    from grpoplus.build import build
+    from grpoplus.assemble import assemble
 
     cfg = build_config("dapo", None, [f"model={nano_dir}", f"out={tmp_path / 'a'}", "max_steps=3", "eval_every=0",
                                       "save_every=0", "beta=0.01", *SMALL])
     records = train(cfg)
     assert any("loss/total" in r for r in records)  # some step trained: the comparison below is not vacuous
-    c = build(cfg)  # the same components again, driven by hand
+    c = assemble(cfg)  # the same components again, driven by hand
     p = c.learner.parts
     plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
                        logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed)

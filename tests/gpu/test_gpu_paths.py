@@ -17,7 +17,7 @@ from grpoplus.learner.precision import lower_frozen_linears, set_tf32
 from grpoplus.learner.prepare import learner_logprobs
 from grpoplus.learner.update import update_policy
 from grpoplus.metrics import read_metrics
-from grpoplus.models.moe import tiny_moe_model
+from grpoplus.models.tiny import tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.selftest import fixtures as F
 from grpoplus.selftest.rank_checks import one_rank

@@ -17,13 +17,12 @@ import pytest
 import torch
 
 import grpoplus.learner.update as update_module
-from grpoplus.build.factories import build_lora
-from grpoplus.build.learner import build_learner_parts, build_learner_plan
+from grpoplus.assemble.factories import build_lora
+from grpoplus.assemble.learner import build_learner_parts, build_learner_plan
 from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, ScoredGroups
 from grpoplus.distributed.learner import learn_step
-from grpoplus.models.moe import tiny_moe_model
-from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.teacher.local import LocalTeacher
 

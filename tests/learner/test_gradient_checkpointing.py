@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from grpoplus.build import build
+from grpoplus.assemble import assemble
 from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.entropy import response_logprobs_and_entropy
@@ -108,7 +108,7 @@ def test_a_training_step_is_the_same_with_checkpointing(tmp_path):
     for checkpointing in ("false", "true"):
         cfg = build_config("grpo", overrides=[f"out={tmp_path / checkpointing}", *common,
                                               f"gradient_checkpointing={checkpointing}"])
-        c = build(cfg)
+        c = assemble(cfg)
         try:
             metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
             runs.append((metrics, {n: p.detach().clone() for n, p in c.learner.parts.model.named_parameters()}))

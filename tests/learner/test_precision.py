@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpoplus.build import build
+from grpoplus.assemble import assemble
 from grpoplus.config import build_config
 from grpoplus.learner import precision as P
 from grpoplus.learner.logprobs import ChunkedHeadLogProb, response_logprobs
@@ -73,7 +73,7 @@ def test_bf16_mixed_trains_float32_master_weights_close_to_fp32(tmp_path):
     runs = {}
     for precision in ("fp32", "bf16_mixed"):
         cfg = build_config("grpo", overrides=[*_common(tmp_path, precision), f"precision={precision}"])
-        c = build(cfg)
+        c = assemble(cfg)
         try:
             metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
             parts = c.learner.parts

@@ -8,16 +8,15 @@ import pytest
 import torch
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.build.factories import check_engine_routing
+from grpoplus.assemble.factories import check_engine_routing
 from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, SamplingParams, ScoredGroups
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.prepare import LearnerPlan, logp_old_mode, prepare
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, check_replay, input_mask, moe_spec
 from grpoplus.learner.update import update_policy
-from grpoplus.models.moe import tiny_moe_model
 from grpoplus.models.routing import NATURAL, RoutingSpec, moe_routers, record_routing, routing_spec
-from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.base import EngineOptions
 from grpoplus.rollout.hf import HFEngine

@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpoplus.learner.trimming as trimming
-from grpoplus.build import build
-from grpoplus.build.learner import build_learner_plan
+from grpoplus.assemble import assemble
+from grpoplus.assemble.learner import build_learner_plan
 from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs
@@ -66,7 +66,7 @@ def test_phases_give_back_after_the_rollout_and_on_the_learner_rank_after_the_up
     cfg = build_config("grpo", overrides=[f"out={tmp_path}", "prompts_per_step=4", "group_size=4", "max_new_tokens=8",
                                           "eval_size=4", "progress=false", "loggers=[]", "doctor_every=0", "threads=1",
                                           f"release_memory={mode}"])
-    c = build(cfg)
+    c = assemble(cfg)
     try:
         metrics, _ = train_step(cfg, c, 1)
     finally:

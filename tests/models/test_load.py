@@ -4,11 +4,11 @@ import importlib.util
 import pytest
 import torch
 
-import grpoplus.models.load as load
+import grpoplus.warmstart as warmstart
 from grpoplus.models.load import load_policy
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
-from grpoplus.models.warmstart import build_warmstart
+from grpoplus.warmstart import build_warmstart, load_builtin
 
 
 def test_local_hf_dir_round_trip(tmp_path):
@@ -60,14 +60,16 @@ def test_non_gguf_file(tmp_path):
 
 def test_none_needs_a_task():
     with pytest.raises(ValueError, match="built-in task"):
+        load_builtin(None, None)
+    with pytest.raises(ValueError, match="names a built-in tiny model: grpoplus.warmstart.load_builtin loads it"):
         load_policy(None)
 
 
 def test_none_loads_the_warm_started_model(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path))
     quick = functools.partial(build_warmstart, size="nano", steps=2, batch_size=4)
-    monkeypatch.setattr(load, "build_warmstart", quick)
-    model, tok = load_policy(None, task="arithmetic")
+    monkeypatch.setattr(warmstart, "build_warmstart", quick)
+    model, tok = load_builtin(None, "arithmetic")
     assert model.config.vocab_size == len(tok)
     assert tok.decode(tok("3+4=")["input_ids"], skip_special_tokens=True) == "3+4="
 

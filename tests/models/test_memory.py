@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from grpoplus.build.factories import build_task_and_model
+from grpoplus.assemble.factories import build_task_and_model
 from grpoplus.config import build_config
 from grpoplus.models import memory
 from grpoplus.models.load import load_policy

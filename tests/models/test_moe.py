@@ -7,16 +7,15 @@ import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
 
-import grpoplus.models.load as load
+import grpoplus.warmstart as warmstart
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
-from grpoplus.models.load import load_policy
-from grpoplus.models.moe import MOE_SIZES, balance_loss_while_training, tiny_moe_config, tiny_moe_model
+from grpoplus.models.moe import MOE_SIZES, balance_loss_while_training, tiny_moe_config
 from grpoplus.models.routing import routing_spec
-from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
-from grpoplus.models.warmstart import build_warmstart, encode_sft
 from grpoplus.rollout.base import SamplingParams
 from grpoplus.rollout.hf import HFEngine
+from grpoplus.warmstart import build_warmstart, encode_sft, load_builtin
 
 
 @pytest.fixture(autouse=True)
@@ -83,12 +82,12 @@ def test_load_policy_tiny_moe_builds_the_moe_warm_start(monkeypatch):
         calls.append(kwargs["size"])
         return build_warmstart(task, difficulty, **{**kwargs, "size": "moe-nano", "steps": 2, "batch_size": 4})
 
-    monkeypatch.setattr(load, "build_warmstart", quick)
-    model, tok = load_policy("tiny-moe", task="arithmetic")
+    monkeypatch.setattr(warmstart, "build_warmstart", quick)
+    model, tok = load_builtin("tiny-moe", "arithmetic")
     assert calls == ["moe"]  # the real recipe asks for the 'moe' size
     assert isinstance(model, Qwen3MoeForCausalLM) and tok.padding_side == "left"
     with pytest.raises(ValueError, match="no model given"):
-        load_policy("tiny-moe")
+        load_builtin("tiny-moe", None)
 
 
 def test_engine_logprobs_equal_learner_logprobs():

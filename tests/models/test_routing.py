@@ -6,7 +6,6 @@ import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.models.moe import tiny_moe_model
 from grpoplus.models.routing import (
     NATURAL,
     expert_load,
@@ -19,7 +18,7 @@ from grpoplus.models.routing import (
     routing_mismatch,
     routing_spec,
 )
-from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.base import SamplingParams
 from grpoplus.rollout.hf import decode

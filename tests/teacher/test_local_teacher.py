@@ -172,7 +172,7 @@ def test_rl_with_a_dense_teacher_signal_trains_and_reports_agreement(nano_dir, s
 def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batchs(tok, rollouts, aggregation):
     import copy
 
-    from grpoplus.build.learner import build_learner_parts, build_learner_plan
+    from grpoplus.assemble.learner import build_learner_parts, build_learner_plan
     from grpoplus.containers import ScoredGroups
     from grpoplus.distributed.learner import learn_step
 

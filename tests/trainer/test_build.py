@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from grpoplus.build.factories import build_data
+from grpoplus.assemble.factories import build_data
 from grpoplus.config import build_config
 from grpoplus.tasks import get_task
 
@@ -45,7 +45,7 @@ def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
 
 def test_the_learning_rate_follows_the_model_unless_given(capfd):
     # A rate tuned on the 0.34M built-in model damages a real one: toy 2e-4, full fine-tuning 1e-6, LoRA 1e-5.
-    from grpoplus.build.factories import learning_rate
+    from grpoplus.assemble.factories import learning_rate
 
     toy, real = torch.nn.Linear(10, 10), torch.nn.Embedding(12_000_000, 1)
     assert learning_rate(build_config(), toy) == 2e-4 and capfd.readouterr().err == ""

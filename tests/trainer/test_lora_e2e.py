@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpoplus.build import build
+from grpoplus.assemble import assemble
 from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
 from grpoplus.trainer import train_step
@@ -31,7 +31,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tmp_path):
     # The built-in tiny model on arithmetic: it solves some problems, so advantages are not all zero.
     cfg = build_config("grpo", overrides=[f"out={tmp_path}", "threads=1", *SMALL, "beta=0.04", "num_minibatches=1",
                                           "max_new_tokens=8", "prompts_per_step=8"])
-    c = build(cfg)
+    c = assemble(cfg)
     try:
         parts = c.learner.parts
         trained = {id(p) for group in parts.optimizer.param_groups for p in group["params"]}

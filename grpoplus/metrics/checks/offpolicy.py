@@ -1,5 +1,5 @@
 """Doctor checks of off-policy training: updates per rollout batch, asynchronous staleness,
-and MoE expert routing. Registered in :data:`grpoplus.metrics.doctor.CHECKS` on import."""
+and MoE expert routing. Registered in :data:`grpoplus.metrics.checks.CHECKS` on import."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .doctor import CHECKS, DoctorThresholds, Finding, _natural_layer_keys
-from .series import Series, Trace, rank_correlation
+from ..series import Series, Trace, rank_correlation
+from .base import CHECKS, DoctorThresholds, Finding, natural_layer_keys
 
 
 def bounds_a_ratio(loss: str | None) -> bool:
@@ -109,7 +109,7 @@ def check_routing_mismatch(trace: Trace, th: DoctorThresholds, info: Mapping) ->
         return None
     evidence = (f"moe/routing_mismatch {recent.mean():.3f} over {recent.span()} "
                 f">= {th.routing_mismatch_max}")
-    layers = _natural_layer_keys(trace, "moe/routing_mismatch/layer")
+    layers = natural_layer_keys(trace, "moe/routing_mismatch/layer")
     if layers:
         means = {k: trace.get(k).finite().tail(th.window).mean() for k in layers}
         worst = max(means, key=lambda k: means[k])

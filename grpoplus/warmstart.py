@@ -11,7 +11,7 @@ tokenizer, safetensors) under::
 written to a temporary dir first and renamed into place, so a killed build never leaves
 a cache that looks complete. Same recipe and seed -> same weights. Rebuild with::
 
-    python -m grpoplus.models.warmstart --task arithmetic
+    python -m grpoplus.warmstart --task arithmetic
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from grpoplus.envs.render import observation_ids
+from grpoplus.models.load import TINY_MOE, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
@@ -268,6 +269,18 @@ def build_warmstart(
             shutil.rmtree(staging)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     return final
+
+
+def load_builtin(model: str | None, task: str | None, difficulty: int | None = None, *, seed: int = 0,
+                 eval_seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """``(model, tokenizer)`` of a built-in tiny model (``None``: the Llama, ``"tiny-moe"``: the mixture of experts)
+    warm-started on ``task`` (built on first use, then cached). ``seed`` seeds its warm start (initial weights and
+    supervised data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts it never trains on."""
+    if task is None:
+        raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
+    size = "moe" if model == TINY_MOE else "small"
+    path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
+    return prepared(*load_hf_dir(path, dtype), device)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Placements: where the roles run. Each takes the built policy and hands back the roles the loop uses
 (the engine evaluation samples with, the collector, the learner, the Ray connection); the loop's
-components are wired in :mod:`grpoplus.build`, the one module that builds them.
+components are wired in :mod:`grpoplus.assemble`, the one module that builds them.
 
 - local: one process, or ``learner.data_parallel`` ranks on this machine (spawned here, or under
   torchrun) with rank 0 in this process;
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.build.factories import build_collector, build_engine, build_rollout_worker, reward_weights
-from grpoplus.build.learner import RANK_BUILDERS, build_learner_rank_parts
+from grpoplus.assemble.factories import build_collector, build_engine, build_rollout_worker, reward_weights
+from grpoplus.assemble.learner import RANK_BUILDERS, build_learner_rank_parts
 from grpoplus.config import Config
 from grpoplus.prompts import PromptSampler
 
@@ -92,7 +92,7 @@ def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collectio
     """cluster=ray: rollout workers, the learner group and reward scoring as Ray actors and tasks."""
     import ray
 
-    from grpoplus.build.factories import reward_components
+    from grpoplus.assemble.factories import reward_components
     from grpoplus.distributed.ray_cluster import Cluster
     from grpoplus.distributed.ray_learner import RayLearnerGroup
     from grpoplus.distributed.ray_rollout import RayRolloutEngine

@@ -9,7 +9,7 @@ import functools
 import torch
 
 from grpoplus.algo import EntropyControl
-from grpoplus.build.factories import (
+from grpoplus.assemble.factories import (
     build_optimizer,
     build_policy,
     build_process,

@@ -1,13 +1,13 @@
 """Doctor checks of multi-turn runs (grpoplus.envs): turn limits, failing environments, tool errors, observations
-crowding out the budget. Registered in :data:`grpoplus.metrics.doctor.CHECKS` on import; silent on single-turn runs
+crowding out the budget. Registered in :data:`grpoplus.metrics.checks.CHECKS` on import; silent on single-turn runs
 (they log no ``env/*`` metric)."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from .doctor import CHECKS, DoctorThresholds, Finding
-from .series import Series, Trace
+from ..series import Series, Trace
+from .base import CHECKS, DoctorThresholds, Finding
 
 FAILURES = ("env/ended/error", "env/ended/timeout", "env/ended/malformed")
 

@@ -1,0 +1,112 @@
+"""The package's layers, read from its imports (as tests/test_lint.py runs ruff): no import cycle between packages
+or between modules, no private name taken from another module, and the leaf packages never reach up to the config,
+the assembly or the entry points."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "grpoplus"
+LEAVES = ("algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher")
+UPPER = ("config", "plan", "assemble", "trainer", "api", "cli", "dryrun", "selftest", "lab")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports(path: Path, top_level_only: bool) -> list[tuple[str, str, int]]:
+    """``(module, imported name or "", line)`` of every ``grpoplus`` import in ``path`` (relative ones resolved)."""
+    tree = ast.parse(path.read_text())
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out += [(a.name, "", node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                out.append((submodule, "", node.lineno) if submodule in MODULES else (module, alias.name, node.lineno))
+    return [(m, name, line) for m, name, line in out if m == "grpoplus" or m.startswith("grpoplus.")]
+
+
+def unit(module: str) -> str:
+    """A module's package below grpoplus (``grpoplus.learner.update`` -> ``learner``), or the top-level module."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_two_packages_import_each_other():
+    edges: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for target, _, _ in imports(path, top_level_only=False):  # imports inside functions count too
+            if unit(target) != unit(module):
+                edges.setdefault(unit(module), set()).add(unit(target))
+    assert cycles(edges) == []
+
+
+def test_no_module_level_import_cycle():
+    edges = {module: {t for t, _, _ in imports(path, top_level_only=True) if t in MODULES and t != module}
+             for module, path in MODULES.items()}
+    for module in MODULES:  # importing a module runs its packages' __init__ first
+        parent = module.rpartition(".")[0]
+        if parent and parent != "grpoplus":
+            edges[module].add(parent)
+    assert cycles({m: {t for t in ts if not m.startswith(t + ".")} for m, ts in edges.items()}) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    private = [f"{module_name(path)}:{line} imports {target}.{name}" for path in MODULES.values()
+               for target, name, line in imports(path, top_level_only=False)
+               if name.startswith("_") and not name.startswith("__")]
+    assert private == []
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_a_leaf_package_never_imports_the_layers_above_it(leaf):
+    reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / leaf).rglob("*.py")
+                      for t, _, _ in imports(p, top_level_only=False) if unit(t) in UPPER})
+    assert reached == []
+
+
+def test_the_checks_find_what_they_look_for():
+    # each rule on a known case: the relative import resolution, a cycle, a private name
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    found = {(m, name) for m, name, _ in imports(ROOT / "metrics" / "checks" / "offpolicy.py", top_level_only=True)}
+    assert {("grpoplus.metrics.checks.base", "CHECKS"), ("grpoplus.metrics.series", "Trace")} <= found
+    assert unit("grpoplus.learner.update") == "learner" and unit("grpoplus.trainer") == "trainer"
