@@ -109,6 +109,7 @@ def test_what_cannot_work_fails_when_the_trainer_is_made(tmp_path, kwargs, error
 
 
 def test_a_function_only_this_process_knows_is_refused_on_ray(tmp_path):
+    pytest.importorskip("ray", reason="cluster=ray needs the ray extra: pip install -e '.[ray]'")
     def mine(prompts, completions, **fields):
         return [0.0] * len(completions)
 

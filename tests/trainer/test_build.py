@@ -3,6 +3,7 @@ learning rate that follows the model."""
 
 import json
 
+import pytest
 import torch
 
 from grpoplus.assemble.factories import build_data
@@ -44,6 +45,7 @@ def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
 
 
 def test_the_learning_rate_follows_the_model_unless_given(capfd):
+    pytest.importorskip("peft", reason="learner.lora_rank needs the lora extra: pip install -e '.[lora]'")
     # A rate tuned on the 0.34M built-in model damages a real one: toy 2e-4, full fine-tuning 1e-6, LoRA 1e-5.
     from grpoplus.assemble.factories import learning_rate
 
