@@ -9,8 +9,6 @@ lives here: the stages are in grpoplus.collect, grpoplus.learner and grpoplus.al
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,8 +27,6 @@ from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.rundir import RunDir
-
-KILL_AFTER_STEP_ENV = "GRPOPLUS_FAULT_KILL_AFTER_STEP"
 
 
 def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
@@ -155,8 +151,6 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
                 c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
                                keep=cfg.run.keep_checkpoints)
             progress.update(step, metrics)
-            if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):  # fault injection for the resume test
-                os.kill(os.getpid(), signal.SIGKILL)
             if doctor.due(step):
                 for finding in doctor.check(history):
                     progress.write(f"doctor: {finding.one_line()}")

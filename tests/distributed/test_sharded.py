@@ -4,6 +4,7 @@ order), with uneven micro-batch shares, resume exactly after SIGKILL, and write 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,15 +15,17 @@ from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
 
+KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
+
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "threads=1", "doctor_every=0", "max_steps=4", "save_every=2",
          "eval_every=2"]
 FSDP2 = ["data_parallel=2", "strategy=fsdp2"]
 
 
-def _train(out, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "grpoplus", "train", "--out", str(out), *args], env=env,
+def _train(out, *args: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
+    return subprocess.run([*cmd, "train", "--out", str(out), *args], env=dict(os.environ, OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=900)
 
 
@@ -66,7 +69,7 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
     common = ["--model", nano_dir, *SMALL, "micro_batch_size=2", "beta=0.02"]
     whole, killed, other = tmp_path / "whole", tmp_path / "killed", tmp_path / "other"
     assert _train(whole, *common, *FSDP2).returncode == 0
-    run = _train(killed, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    run = _train(killed, *common, *FSDP2, kill_at=3)
     assert run.returncode == -9  # rank 0 killed after step 3 was logged; its last checkpoint is step 2
     resumed = _resume(killed)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -83,14 +86,14 @@ def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process
     assert sorted(f.name for f in (saved / "optimizer").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert "optimizer" not in torch.load(saved / "trainer_state.pt", weights_only=False)
     # The same checkpoint (weights + the optimizer shards) resumed by one process:
-    run = _train(other, *common, *FSDP2, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    run = _train(other, *common, *FSDP2, kill_at=3)
     assert run.returncode == -9
     resumed = _resume(other, "data_parallel=1")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _close(read_metrics(other), read_metrics(whole), rel=1e-5)
     # and the other way: one process's checkpoint (the optimizer state whole) resumed by two sharded ranks
     single = tmp_path / "single"
-    assert _train(single, *common, env_extra={"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"}).returncode == -9
+    assert _train(single, *common, kill_at=3).returncode == -9
     resumed = _resume(single, "data_parallel=2", "strategy=fsdp2")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _close(read_metrics(single), read_metrics(whole), rel=1e-5)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from grpoplus.learner.update import update_policy
 from grpoplus.metrics import read_metrics
 from grpoplus.trainer import train
 
+KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
+
 # 4 prompts x 4 responses = 16 rows, micro-batches of 8: one per rank, so 2 ranks add exactly the
 # two gradients one process adds.
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
@@ -26,9 +29,9 @@ SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6
 
 
 
-def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "grpoplus", "train", *args], env=env, capture_output=True,
+def _cli(args: list[str], kill_at: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
+    return subprocess.run([*cmd, "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=900)
 
 
@@ -60,7 +63,7 @@ def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resum
     assert run.returncode == 0, run.stderr[-2000:]
     assert _comparable(read_metrics(torchrun)) == _comparable(read_metrics(one))
     assert _same(_weights(torchrun, 5), _weights(one, 5))
-    run = _cli(["--out", str(killed), *common, "data_parallel=2"], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    run = _cli(["--out", str(killed), *common, "data_parallel=2"], kill_at=3)
     assert run.returncode == -9  # rank 0 killed after step 3 was logged; last checkpoint is step 2
     resumed = _cli(["--resume", str(killed)])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -114,7 +117,7 @@ def test_asynchronous_run_stays_within_its_bound_and_resumes(nano_dir, tmp_path,
     out = tmp_path / f"async{k}"
     common = ["--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=5", "save_every=2", "eval_every=0",
               f"max_staleness={k}", "logp_old=recompute", "corrections=[tis_token]", *SMALL, "micro_batch_size=8"]
-    run = _cli(common, {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    run = _cli(common, kill_at=3)
     assert run.returncode == -9
     resumed = _cli(["--resume", str(out)])
     assert resumed.returncode == 0, resumed.stderr[-2000:]

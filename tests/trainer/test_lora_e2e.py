@@ -4,6 +4,7 @@ the model with its adapters off, and a run killed by SIGKILL resumes to the unin
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
 from grpoplus.trainer import train_step
 
+KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
+
 pytest.importorskip("peft")
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
@@ -21,9 +24,9 @@ SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6
 
 
 
-def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "grpoplus", "train", *args], env=env, capture_output=True,
+def _cli(args: list[str], kill_at: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
+    return subprocess.run([*cmd, "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -55,7 +58,7 @@ def test_lora_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
               "beta=0.04", *SMALL]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert _cli(["--out", str(straight), *common]).returncode == 0
-    run = _cli(["--out", str(killed), *common], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    run = _cli(["--out", str(killed), *common], kill_at=3)
     assert run.returncode == -9
     resumed = _cli(["--resume", str(killed)])
     assert resumed.returncode == 0, resumed.stderr

@@ -15,6 +15,8 @@ from grpoplus.algo import AlgoConfig
 from grpoplus.cli import main
 from grpoplus.metrics import read_metrics
 
+KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
+
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "doctor_every=2", "micro_batch_size=8"]
 
@@ -49,9 +51,9 @@ def test_every_preset_runs_through_train(nano_dir, tmp_path, preset):
     assert last["step"] == 1 and all(v == v for v in last.values())  # finite, no NaN
 
 
-def _cli(args: list[str], env_extra: dict) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    return subprocess.run([sys.executable, "-m", "grpoplus", "train", *args], env=env, capture_output=True,
+def _cli(args: list[str], kill_at: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
+    return subprocess.run([*cmd, "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -82,8 +84,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path, case):
     extra = [arg.format(reward=reward) for arg in RESUME_CASES[case]]
     common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1", *SMALL, *extra]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert _cli(["--out", str(straight), *common], {}).returncode == 0
-    run = _cli(["--out", str(killed), *common], {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "3"})
+    assert _cli(["--out", str(straight), *common]).returncode == 0
+    run = _cli(["--out", str(killed), *common], kill_at=3)
     assert run.returncode == -9  # SIGKILL after step 3 was logged; last checkpoint is step 2
     assert [r["step"] for r in read_metrics(killed)] == [0, 1, 2, 3]
     resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(killed)],
@@ -157,7 +159,7 @@ def test_report_and_compare_on_a_real_run(nano_dir, tmp_path):
 def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(nano_dir, tmp_path):
     out = tmp_path / "early"
     common = ["--model", nano_dir, "--out", str(out), "max_steps=2", "save_every=0", "threads=1", *SMALL]
-    assert _cli(common, {"GRPOPLUS_FAULT_KILL_AFTER_STEP": "1"}).returncode == -9
+    assert _cli(common, kill_at=1).returncode == -9
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step-*"))
     resumed = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(out)],
                              env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
