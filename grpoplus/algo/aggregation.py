@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from grpoplus.algo._util import row_count, row_sum
@@ -58,23 +57,6 @@ class LossNorm:
             active_seqs=float(mask.any(dim=-1).sum()),
             max_len=float(max_len),
         )
-
-    def all_reduce(self, group=None) -> "LossNorm":
-        """Sum the counts over data-parallel ranks (no-op unless torch.distributed is initialised).
-
-        Call once per optimizer step on every rank, after ``prepare_loss`` on the
-        rank's share of the mini-batch; ``max_len`` is a constant and is not reduced.
-        """
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        counts = torch.tensor([self.tokens, self.seqs, self.active_seqs], dtype=torch.float64)
-        if dist.get_backend(group) == "nccl":
-            counts = counts.cuda()
-        dist.all_reduce(counts, group=group)
-        self.tokens, self.seqs, self.active_seqs = (float(c) for c in counts.cpu())
-        return self
 
 
 AggregationFn = Callable[[Tensor, Tensor, LossNorm], Tensor]

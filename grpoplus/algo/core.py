@@ -26,7 +26,6 @@ from grpoplus.algo._util import masked_max, masked_mean, masked_min, row_mean, w
 from grpoplus.algo.aggregation import AGGREGATIONS, LossNorm, sequence_mean
 from grpoplus.algo.config import AlgoConfig
 from grpoplus.algo.corrections import CORRECTIONS
-from grpoplus.algo.filters import high_entropy_mask, overlong_filter_mask
 from grpoplus.algo.kl import KL_ESTIMATORS
 from grpoplus.algo.losses import LOSSES
 
@@ -120,28 +119,21 @@ def prepare_loss(
     advantages: Tensor,
     cfg: AlgoConfig,
     *,
-    finished: Tensor | None = None,
-    entropy: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, LossNorm]:
     """The normalisation hook: call ONCE per optimizer step on the whole mini-batch.
 
-    Applies, in this order, the overlong filter (when ``cfg.overlong_filter`` and
-    ``finished`` [N] is given), the high-entropy mask (when ``cfg.entropy_mask_rho < 1``
-    and ``entropy`` [N, T] is given) and every masking correction of ``cfg.corrections``;
-    then makes the token selection of a loss that needs one (Clip-Cov's random subset draws
-    from ``generator``; pass one seeded per optimizer step so a resumed run draws the same).
+    Applies every masking correction of ``cfg.corrections`` to ``mask`` (the loss mask the learner's
+    preparation made: overlong filtering and the high-entropy mask are applied there, once per batch);
+    then makes the token selection of a loss that needs one (Clip-Cov's random subset draws from
+    ``generator``; pass one seeded per optimizer step so a resumed run draws the same).
     ``deepseek_v32_mask`` and the selection use ``logp_old`` in place of ``sg[logp]``: on the
     first update of a batch they are equal. ``logp_old`` may be None only when neither is on
     (pi_old then comes from the training forward). Returns the final bool mask [N, T] and the global
-    :class:`LossNorm` (call ``norm.all_reduce()`` under data parallelism; pass a micro-batch
-    ``norm.rows(idx)``). All inputs are no-grad; ``advantages`` is [N] or [N, T].
+    :class:`LossNorm` of the whole mini-batch (every learner rank computes it on the whole mini-batch; pass a
+    micro-batch ``norm.rows(idx)``). All inputs are no-grad; ``advantages`` is [N] or [N, T].
     """
     mask = mask.bool()
-    if cfg.overlong_filter and finished is not None:
-        mask = overlong_filter_mask(mask, finished)
-    if cfg.entropy_mask_rho < 1.0 and entropy is not None:
-        mask = high_entropy_mask(entropy, mask, cfg.entropy_mask_rho)
     metrics: dict[str, Tensor] = {}
     if logp_old is None:
         if cfg.corrections or needs_token_selection(cfg):

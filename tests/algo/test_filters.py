@@ -10,7 +10,6 @@ from grpoplus.algo import (
     gfpo_select,
     high_entropy_mask,
     overlong_filter_mask,
-    prepare_loss,
     soft_overlong_penalty,
     zero_variance_groups,
 )
@@ -66,18 +65,6 @@ def test_high_entropy_mask_keeps_top_fraction():
     out = high_entropy_mask(entropy, mask, rho=0.2)  # 9 active tokens -> ceil(1.8) = 2 kept: entropies 8 and 7
     assert out.tolist() == [[0] * 5, [0, 0, 1, 1, 0]]
     assert torch.equal(high_entropy_mask(entropy, mask, 1.0), mask)
-
-
-def test_prepare_loss_applies_filters():
-    mask = torch.ones(3, 4)
-    logp = torch.zeros(3, 4)
-    cfg = AlgoConfig(overlong_filter=True, entropy_mask_rho=0.5, max_len=4)
-    entropy = torch.arange(12.0).reshape(3, 4)
-    final, norm = prepare_loss(mask, logp, None, torch.ones(3), cfg, finished=torch.tensor([True, True, False]),
-                                      entropy=entropy)
-    # row 2 is cut; of the 8 remaining tokens the top 4 by entropy are row 1
-    assert final.tolist() == [[False] * 4, [True] * 4, [False] * 4]
-    assert (norm.tokens, norm.seqs, norm.active_seqs, norm.max_len) == (4, 3, 1, 4)
 
 
 def test_soft_overlong_default_cache_is_quarter_of_max_len():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from grpoplus.algo import AlgoConfig, EntropyControl, prepare_loss
+from grpoplus.algo import AlgoConfig, EntropyControl
 from grpoplus.containers import TrainBatch
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
 from grpoplus.distributed.placement import ReplicateHooks
@@ -104,18 +104,6 @@ def run_three_steps(algo: AlgoConfig, plan: LearnerPlan, dtype: torch.dtype, gro
 def every_case(group: RankGroup | None, micro: int) -> dict:
     return {(case, dtype): train_three_steps(case, dtype, micro, group)
             for case in CASES for dtype in (torch.float32, torch.float64)}
-
-
-def shared_norms(group: RankGroup) -> dict:
-    """LossNorm of this rank's half of each batch after ``all_reduce`` (for the cases with corrections)."""
-    out = {}
-    half = torch.tensor_split(torch.arange(N), group.world)[group.rank]
-    for case in CASES:
-        batch = batch_for(0, torch.float64, True, False).rows(half)
-        _, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo_for(*case))
-        norm.all_reduce()
-        out[case] = (norm.tokens, norm.seqs, norm.active_seqs)
-    return out
 
 
 def peer_fails(group: RankGroup, how: str) -> tuple[str, float] | None:

@@ -76,15 +76,6 @@ def test_the_cases_move_the_weights_and_mask_tokens(single):
             assert trained["metrics"][0]["correction/geo_mask/masked_frac"] > 0, case
 
 
-def test_loss_norm_all_reduce_sums_the_shares_to_the_whole_batch_norm(tmp_path):
-    got = ranks.spawn(ranks.shared_norms, 2, tmp_path)
-    for case in ranks.CASES:
-        batch = ranks.batch_for(0, torch.float64, True, False)
-        _, whole = ranks.prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages,
-                                      ranks.algo_for(*case))
-        assert got[0][case] == got[1][case] == (whole.tokens, whole.seqs, whole.active_seqs), case
-
-
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_failed_rank_is_a_named_error_within_the_time_limit(tmp_path, how):
     message, elapsed = ranks.spawn(ranks.peer_fails, 2, tmp_path, how, timeout_s=10.0)[0]
