@@ -42,4 +42,5 @@ def test_the_overlong_filter_and_the_entropy_mask_shape_the_loss_mask():
                                               lambda *a, **k: (-ones, entropy)):
         batch, _, metrics = prepare(scored, model, None, algo, LearnerPlan(1.0, 4, 1.0, "recompute"))
     assert batch.loss_mask.bool().tolist() == [[False] * 4, [True] * 4, [False] * 4]
-    assert metrics["filter/overlong_frac"] == pytest.approx(1 / 3) and metrics["filter/active_token_frac"] == pytest.approx(4 / 12)
+    assert metrics["filter/overlong_frac"] == pytest.approx(1 / 3)
+    assert metrics["filter/active_token_frac"] == pytest.approx(4 / 12)
