@@ -19,6 +19,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
+def tok():
+    """The built-in character tokenizer (one per test module)."""
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory) -> str:
     """The built-in nano model (untrained, seed 0) saved as a Hugging Face model directory."""
     path = tmp_path_factory.mktemp("nano")

@@ -6,14 +6,8 @@ import pytest
 import torch
 
 from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout import HFEngine, SamplingParams
 from grpoplus.sync import InProcess, StateDict, as_source, load_into, snapshot, tensors
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
 
 
 def two_policies(tok):

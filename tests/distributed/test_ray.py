@@ -25,11 +25,7 @@ SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6
          "eval_every=2", "ray.timeout_s=300"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_instance")
 
 
 

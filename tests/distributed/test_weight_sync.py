@@ -21,11 +21,7 @@ from grpoplus.trainer import train, train_step  # noqa: E402
 TWO_WORKERS = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_instance")
 
 
 def _config(nano_dir: str, out, *overrides: str):

@@ -3,12 +3,6 @@
 import pytest
 
 from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
 
 
 @pytest.fixture(scope="module")

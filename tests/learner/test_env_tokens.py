@@ -23,7 +23,6 @@ from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, ScoredGroups
 from grpoplus.distributed.learner import learn_step
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.teacher.local import LocalTeacher
 
 N, P, T = 8, 4, 9
@@ -43,11 +42,6 @@ PATHS = {
     "teacher: opd advantage and reverse_kl loss": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=reverse_kl"],
     "teacher in bf16_mixed": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=gjsd", "precision=bf16_mixed"],
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
 
 
 def _scored(tok, observation_ids=None, observation_logp=0.0) -> ScoredGroups:

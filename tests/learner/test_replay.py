@@ -17,7 +17,6 @@ from grpoplus.learner.replay import LearnerRouting, RoutingTally, check_replay, 
 from grpoplus.learner.update import update_policy
 from grpoplus.models.routing import NATURAL, RoutingSpec, moe_routers, record_routing, routing_spec
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.base import EngineOptions
 from grpoplus.rollout.hf import HFEngine
 
@@ -25,11 +24,6 @@ PROMPTS = ["12+3=", "7=", "100-9=", "4*5="]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
 
 
 def sharp_moe(tok, seed=1):

@@ -21,16 +21,17 @@ from grpoplus.models.tokenizer import char_tokenizer
 
 
 @pytest.fixture
-def nano_dir(tmp_path) -> Path:
+def writable_nano_dir(tmp_path) -> Path:
+    """A nano model directory of the test's own (the tests break it)."""
     tok = char_tokenizer()
     tiny_model(tok, size="nano").save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     return tmp_path
 
 
-def test_hf_parameter_count_is_the_models_own(nano_dir):
+def test_hf_parameter_count_is_the_models_own(writable_nano_dir):
     model = tiny_model(char_tokenizer(), size="nano")
-    assert memory.hf_parameter_count(nano_dir) == sum(p.numel() for p in model.parameters())
+    assert memory.hf_parameter_count(writable_nano_dir) == sum(p.numel() for p in model.parameters())
 
 
 def test_gguf_parameter_count_reads_the_header(tmp_path):
@@ -59,37 +60,37 @@ def test_training_bytes_counts_weights_sampler_grads_and_adam():
     assert memory.training_bytes(1_000_000, torch.float32, lora=True) == 10_000_000
 
 
-def test_a_model_too_large_for_the_memory_is_refused_before_loading(nano_dir):
+def test_a_model_too_large_for_the_memory_is_refused_before_loading(writable_nano_dir):
     # A 70B-class config next to the nano weights: the estimate must stop it before any weight is read.
     big = LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                       num_attention_heads=64, num_key_value_heads=8)
-    (nano_dir / "config.json").write_text(big.to_json_string())
+    (writable_nano_dir / "config.json").write_text(big.to_json_string())
     with pytest.raises(ValueError, match=r"6\d\.\d\dB parameters: full fine-tuning .* GB is available .*lora_rank"):
-        load_policy(str(nano_dir))
+        load_policy(str(writable_nano_dir))
     with pytest.raises(ValueError, match=r"LoRA in float32 needs about"):
-        load_policy(str(nano_dir), lora=True)
+        load_policy(str(writable_nano_dir), lora=True)
 
 
-def test_dirs_that_are_not_models_are_named(nano_dir):
-    (nano_dir / "model.safetensors").unlink()
+def test_dirs_that_are_not_models_are_named(writable_nano_dir):
+    (writable_nano_dir / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="has config.json but no weights"):
-        load_policy(str(nano_dir))
-    tiny_model(char_tokenizer(), size="nano").save_pretrained(nano_dir)
-    (nano_dir / "config.json").write_text("{ not json")
+        load_policy(str(writable_nano_dir))
+    tiny_model(char_tokenizer(), size="nano").save_pretrained(writable_nano_dir)
+    (writable_nano_dir / "config.json").write_text("{ not json")
     with pytest.raises(ValueError, match="config.json is not a usable model config"):
-        load_policy(str(nano_dir))
-    (nano_dir / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+        load_policy(str(writable_nano_dir))
+    (writable_nano_dir / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     with pytest.raises(ValueError, match="config.json is not a usable model config"):
-        load_policy(str(nano_dir))
+        load_policy(str(writable_nano_dir))
 
 
-def test_chat_task_needs_a_tokenizer_with_a_chat_template(nano_dir, tmp_path):
+def test_chat_task_needs_a_tokenizer_with_a_chat_template(writable_nano_dir, tmp_path):
     common = [f"out={tmp_path / 'run'}", "task=wordproblems"]
     with pytest.raises(ValueError, match="pass --model"):  # the built-in tiny model: refused before its warm start
         build_task_and_model(build_config(overrides=common))
     with pytest.raises(ValueError, match="has no chat template"):
-        build_task_and_model(build_config(overrides=[*common, f"model={nano_dir}"]))
-    task, train, *_ = build_task_and_model(build_config(overrides=[*common, f"model={nano_dir}",
+        build_task_and_model(build_config(overrides=[*common, f"model={writable_nano_dir}"]))
+    task, train, *_ = build_task_and_model(build_config(overrides=[*common, f"model={writable_nano_dir}",
                                                                    "chat_template=false"]))
     assert train[0].prompt.endswith("'#### <number>'.")  # the raw question, as asked
 

@@ -4,17 +4,11 @@ import pytest
 import torch
 
 from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Every test of this directory on one thread."""
-
-
-@pytest.fixture
-def tok():
-    return char_tokenizer()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import torch
 
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
 from grpoplus.models.tiny import tiny_model
-from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout import ENGINES, EngineOptions, SamplingParams
 from grpoplus.tasks import get_task
 from grpoplus.warmstart import sft_targets, train_sft
@@ -25,11 +24,6 @@ ENGINE_NAMES = [pytest.param(name, marks=pytest.mark.skipif(name == "vllm" and n
 # the hf engine runs the learner's own kernels; vLLM's differ in summation order (measured ~5e-7).
 KERNEL_GAP = {"hf": 1e-5, "vllm": 1e-4}
 PROMPTS = ["3+4=", "9-2+1=", "5=", "8-8+7-1="]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
 
 
 @pytest.fixture(scope="module")

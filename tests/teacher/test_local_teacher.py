@@ -24,11 +24,6 @@ SMALL = ["prompts_per_step=8", "group_size=8", "max_new_tokens=10", "eval_size=4
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def sharp_teacher_dir(tmp_path_factory, tok) -> str:
     """A nano model unlike the student (another seed) and far more certain (its final norm scaled by 8)."""
     model = tiny_model(tok, size="nano", seed=1)
