@@ -104,6 +104,26 @@ def test_a_leaf_package_never_imports_the_layers_above_it(leaf):
     assert reached == []
 
 
+def test_the_dry_run_never_imports_the_assembly():
+    # it describes the run from the same plan the assembly builds from (grpoplus.plan), never from the assembly itself
+    reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / "dryrun").rglob("*.py")
+                      for t, _, _ in imports(p, top_level_only=False) if unit(t) == "assemble"})
+    assert reached == []
+
+
+def test_the_plan_loads_and_starts_nothing():
+    starters = ("assemble", "distributed", "rollout", "learner", "teacher", "trainer")
+    reached = []
+    for path in (ROOT / "plan").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        reached += [f"{module_name(path)} -> {name}" for name in names
+                    if name.split(".")[0] in ("ray", "vllm", "subprocess", "multiprocessing", "transformers")
+                    or name.startswith("torch.distributed") or (name.startswith("grpoplus.") and unit(name) in starters)]
+    assert reached == []
+
+
 def test_the_checks_find_what_they_look_for():
     # each rule on a known case: the relative import resolution, a cycle, a private name
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -16,6 +16,8 @@ from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config, build_config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
+from grpoplus.plan.data import build_data, builtin_tasks
+from grpoplus.plan.placement import driver_copy_in_host_memory, on_gpus, process_device, shards
 from grpoplus.prompts import PromptSampler
 
 
@@ -97,28 +99,7 @@ def build_policy(cfg: Config, device: str | None = None, trains: bool = True):
             return load_builtin(name, d.task if d.data is None else None, d.difficulty, seed=cfg.run.seed,
                                 eval_seed=d.eval_seed, device=device)
         return load_policy(name, device=device, lora=cfg.learner.lora_rank > 0,
-                           shards=cfg.learner.data_parallel if cfg.learner.strategy == "fsdp2" else 1, trains=trains)
-
-
-def is_sharded(cfg: Config) -> bool:
-    """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
-    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
-
-
-def on_gpus(cfg: Config) -> bool:
-    return cfg.learner.device.startswith("cuda")
-
-
-def process_device(cfg: Config) -> str:
-    """The device of a role's own process (a learner rank, a Ray actor): one GPU per process is ``cuda``."""
-    return "cuda" if on_gpus(cfg) else cfg.learner.device
-
-
-def whole_copy_in_host_memory(cfg: Config) -> bool:
-    """True when a sharded learner's rank 0 on GPUs keeps its whole copy of the policy (checkpoints, weights to the
-    engines) in host memory rather than on its GPU: no engine samples with that copy in rank 0's process (vLLM holds
-    its own weights, Ray's rollout workers theirs), so rank 0's GPU holds only its shards, like the other ranks'."""
-    return on_gpus(cfg) and is_sharded(cfg) and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
+                           shards=shards(cfg), trains=trains)
 
 
 @contextmanager
@@ -142,45 +123,9 @@ def build_task_and_model(cfg: Config):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
-    host = cfg.run.cluster == "ray" or whole_copy_in_host_memory(cfg)
+    host = driver_copy_in_host_memory(cfg)
     model, tokenizer = build_policy(cfg, "cpu" if host else None, trains=not (host and on_gpus(cfg)))
     return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
-
-
-def builtin_tasks(cfg: Config) -> tuple | None:
-    """(task, held_out) of a built-in task: its training problems from ``run.seed``, its held-out ones
-    from ``data.eval_seed``; None for a data set."""
-    from grpoplus.tasks import get_task
-
-    d = cfg.data
-    if d.data is not None:
-        return None
-    kwargs = dict(d.task_kwargs, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
-    task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-    return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
-
-
-def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
-    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
-    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
-    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``), except in a multi-turn
-    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`)."""
-    from grpoplus.tasks import without_prompts
-    from grpoplus.tasks.dataset import dataset_task
-    from grpoplus.tasks.synthetic import with_chat_template
-
-    d = cfg.data
-    tasks = tasks or builtin_tasks(cfg)
-    chat = d.chat_template and env_of(d) is None
-    if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
-        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed)
-        held_out = task
-    elif getattr(tasks[0], "chat", False) and chat:
-        task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
-    else:
-        task, held_out = tasks
-    test = list(held_out.split("test"))
-    return task, without_prompts(task.split("train"), test), test
 
 
 def build_lora(cfg: Config, model):

@@ -9,15 +9,7 @@ import functools
 import torch
 
 from grpoplus.algo import EntropyControl
-from grpoplus.assemble.factories import (
-    build_optimizer,
-    build_policy,
-    build_process,
-    is_sharded,
-    logp_old_source,
-    process_device,
-    whole_copy_in_host_memory,
-)
+from grpoplus.assemble.factories import build_optimizer, build_policy, build_process, logp_old_source
 from grpoplus.config import Config, build_config
 from grpoplus.distributed.learner import LearnerParts, RankBuilders
 from grpoplus.learner.checkpointing import require_checkpointable
@@ -26,6 +18,7 @@ from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.replay import check_replay
 from grpoplus.models.device import compute_device
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
+from grpoplus.plan.placement import is_sharded, process_device, whole_copy_in_host_memory
 from grpoplus.teacher import load_teacher
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from grpoplus.config import Config
 from grpoplus.dryrun.sizes import ModelSize
 from grpoplus.dryrun.tokens import Tokens
+from grpoplus.plan.placement import is_sharded, shards, whole_copy_in_host_memory
 
 FP32, GRADIENT, ADAMW = 4, 4, 8
 """Bytes per parameter of a float32 weight, its float32 gradient and AdamW's two float32 moments."""
@@ -105,8 +106,6 @@ def _device_label(device: str, first: int, last: int | None = None) -> str:
 def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, rank: int) -> list[Item]:
     """What learner rank ``rank`` keeps on its device: the trained policy (its shard), rank 0's whole copy under
     fsdp2 (unless it is kept in host memory: :func:`host_copy_device`), the reference and the teacher."""
-    from grpoplus.assemble.factories import is_sharded, whole_copy_in_host_memory
-
     items = policy_items(cfg, policy)
     if rank == 0 and is_sharded(cfg) and not whole_copy_in_host_memory(cfg):
         items.append(whole_copy_item(policy))
@@ -126,8 +125,6 @@ def whole_copy_item(policy: ModelSize) -> Item:
 def host_copy_device(cfg: Config, policy: ModelSize) -> Device | None:
     """The host memory of a sharded learner's rank 0 on GPUs when its whole copy of the policy lives there (no
     engine samples with it in rank 0's process: vLLM, or Ray's rollout workers); else None."""
-    from grpoplus.assemble.factories import whole_copy_in_host_memory
-
     if not whole_copy_in_host_memory(cfg):
         return None
     return Device("learner rank 0's host memory", "learner rank 0's whole-policy copy (checkpoints, weights to the "
@@ -152,8 +149,6 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
 
 def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
     """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
-    from grpoplus.assemble.factories import is_sharded
-
     if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
         return None
     if is_sharded(cfg):  # sharded like the policy: float32 shards, gathered in the compute dtype to run
@@ -173,10 +168,8 @@ def frozen_item(cfg: Config, model: ModelSize, what: str) -> Item:
 
 def _share(cfg: Config) -> tuple[int, str]:
     """(ranks a sharded learner's tensors are split over, or 1; its label)."""
-    from grpoplus.assemble.factories import is_sharded
-
-    shards = cfg.learner.data_parallel if is_sharded(cfg) else 1
-    return shards, f", a 1/{shards} shard" if shards > 1 else ""
+    parts = shards(cfg)
+    return parts, f", a 1/{parts} shard" if parts > 1 else ""
 
 
 def engine_items(cfg: Config, policy: ModelSize, own_copy: bool, tokens: Tokens, workers: int

@@ -1,5 +1,6 @@
-"""The plan of a run for a dry run: which role runs where (as :mod:`grpoplus.assemble.placements` places them), what
-the machine must offer beyond the config checks, and the warnings a config can earn before anything loads."""
+"""The plan of a run for a dry run: which role runs where (as the assembly places them, from the same
+:mod:`grpoplus.plan.placement`), what the machine must offer beyond the config checks, and the warnings a config can
+earn before anything loads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from grpoplus.config import Config, env_of
 from grpoplus.dryrun.sizes import ModelSize
+from grpoplus.plan.placement import is_sharded, whole_copy_in_host_memory
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,6 @@ def _device(cfg: Config, rank: int = 0) -> str:
 
 
 def _rollout(cfg: Config) -> str:
-    from grpoplus.assemble.factories import is_sharded
-
     r, sharded = cfg.rollout, is_sharded(cfg)
     if cfg.run.cluster == "ray":
         gpu = "1 GPU each" if cfg.learner.device.startswith("cuda") else "CPU"
@@ -164,7 +164,6 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
     policy: room to train it where a learner loads it, room for its weights where a copy is only held."""
     import torch
 
-    from grpoplus.assemble.factories import is_sharded, whole_copy_in_host_memory
     from grpoplus.models.memory import training_bytes
 
     lrn, ray = cfg.learner, cfg.run.cluster == "ray"

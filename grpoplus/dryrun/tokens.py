@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from grpoplus.config import Config, env_of, response_budget
+from grpoplus.plan.data import build_data
 
 PROMPT_SAMPLE = 256
 """Training prompts tokenized to estimate the prompt length (the first ones of the training split)."""
@@ -60,8 +61,6 @@ def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str]:
     tokenizer, why = _tokenizer(cfg.learner.model)
     if tokenizer is None:
         return None, None, why
-    from grpoplus.assemble.factories import build_data
-
     try:
         _, train, _ = build_data(cfg, tokenizer)
     except (ValueError, ImportError, OSError, KeyError) as err:

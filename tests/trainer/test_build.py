@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from grpoplus.assemble.factories import build_data
 from grpoplus.config import build_config
+from grpoplus.plan.data import build_data
 from grpoplus.tasks import get_task
 
 

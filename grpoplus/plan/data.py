@@ -1,0 +1,43 @@
+"""The examples a run trains and is evaluated on, read once from the config: a built-in task's splits (training
+problems from ``run.seed``, held-out ones from ``data.eval_seed``) or a data set's; the assembly hands them to the
+roles and the dry run measures their prompts. No weight is loaded to make them."""
+
+from __future__ import annotations
+
+from grpoplus.config import Config, env_of
+
+
+def builtin_tasks(cfg: Config) -> tuple | None:
+    """(task, held_out) of a built-in task: its training problems from ``run.seed``, its held-out ones
+    from ``data.eval_seed``; None for a data set."""
+    from grpoplus.tasks import get_task
+
+    d = cfg.data
+    if d.data is not None:
+        return None
+    kwargs = dict(d.task_kwargs, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
+    task = get_task(d.task, seed=cfg.run.seed, **kwargs)
+    return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
+
+
+def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
+    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
+    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
+    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``), except in a multi-turn
+    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`)."""
+    from grpoplus.tasks import without_prompts
+    from grpoplus.tasks.dataset import dataset_task
+    from grpoplus.tasks.synthetic import with_chat_template
+
+    d = cfg.data
+    tasks = tasks or builtin_tasks(cfg)
+    chat = d.chat_template and env_of(d) is None
+    if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
+        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed)
+        held_out = task
+    elif getattr(tasks[0], "chat", False) and chat:
+        task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
+    else:
+        task, held_out = tasks
+    test = list(held_out.split("test"))
+    return task, without_prompts(task.split("train"), test), test
