@@ -5,6 +5,29 @@ import pytest
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
+SKIPPED_TO = "GRPOPLUS_SKIPPED_TO"
+"""When set, the node ids of the tests (and test modules) that skipped are written to that file: CI runs README's
+test command in a venv holding only what it installs, then runs just those where every extra is installed."""
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and report.nodeid not in _skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module skipped as a whole (a package it needs is missing)
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    import os
+    from pathlib import Path
+
+    if os.environ.get(SKIPPED_TO):
+        Path(os.environ[SKIPPED_TO]).write_text("".join(f"{nodeid}\n" for nodeid in _skipped))
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
