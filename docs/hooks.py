@@ -3,7 +3,7 @@
 Nothing on those pages is copied by hand, so nothing there can drift from the code:
 
 - ``reference/config.md``: every config key with its section, default and field docstring
-  (``grpoplus.config.SECTIONS``, ``grpoplus.config._field_docs``, the same text as ``--help-config``);
+  (``grpoplus.config.SECTIONS``, ``grpoplus.config.field_docs``, the same text as ``--help-config``);
 - ``reference/registries.md``: every entry of every registry with the first paragraph of its docstring;
 - ``reference/presets.md``: every preset as ``grpoplus.algo.presets.describe`` states it;
 - ``reference/doctor.md``: every doctor check and every threshold (``threshold_docs``).
@@ -104,12 +104,12 @@ def _default(field: dataclasses.Field) -> object:
 def config_rows() -> list[dict]:
     """One dict per config key: section, name, key, default, the default run's value, allowed values, doc."""
     from grpoplus.algo import AlgoConfig
-    from grpoplus.config import SECTIONS, _field_docs, build_config, choices
+    from grpoplus.config import SECTIONS, build_config, choices, field_docs
 
     run = build_config()  # a default run: the dapo preset's algo section
     rows = []
     for section, cls in SECTIONS.items():
-        docs = _field_docs(cls)
+        docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             rows.append(dict(section=section, name=f.name, key=f"{section}.{f.name}", default=_default(f),
                              run_value=getattr(getattr(run, section), f.name),

@@ -18,7 +18,7 @@ from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
 from grpoplus.learner.replay import check_replay
 from grpoplus.models.device import compute_device
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
-from grpoplus.plan.placement import is_sharded, process_device, whole_copy_in_host_memory
+from grpoplus.plan.placement import process_device, whole_copy_in_host_memory
 from grpoplus.teacher import load_teacher
 
 
@@ -61,7 +61,7 @@ def build_learner_rank_parts(cfg: Config, model: torch.nn.Module | None, group, 
     ranks other than 0 pass no ``model``: they never hold it whole (:func:`build_sharded_parts`)."""
     if group is not None:
         rewards = group.broadcast_object(rewards)
-    if is_sharded(cfg):
+    if cfg.learner.sharded:
         parts = build_sharded_parts(cfg, model, group)
     else:
         if group is not None:
@@ -76,7 +76,7 @@ def rank_hooks(cfg: Config, model: torch.nn.Module, group):
     """How this rank's updates meet the other ranks': DDP (replicate) or the sharded model's collectives."""
     from grpoplus.distributed.placement import ReplicateHooks, ShardHooks
 
-    return ShardHooks(group) if is_sharded(cfg) else ReplicateHooks(group, model)
+    return ShardHooks(group) if cfg.learner.sharded else ReplicateHooks(group, model)
 
 
 def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ()) -> LearnerPlan:
@@ -93,7 +93,7 @@ def build_learner_plan(cfg: Config, model: torch.nn.Module, rewards: tuple = ())
                        share_prompts=lrn.share_prompts, gradient_checkpointing=lrn.gradient_checkpointing,
                        trim_every=EAGER_TRIM_LAYERS if cfg.run.release_memory == "eager" else 0,
                        release_after_update=cfg.run.release_memory != "off", precision=lrn.precision,
-                       sharded=is_sharded(cfg))
+                       sharded=cfg.learner.sharded)
 
 
 def build_rank_model(config: dict, device: str | None = None, rank: int = 0
@@ -104,7 +104,7 @@ def build_rank_model(config: dict, device: str | None = None, rank: int = 0
     rank 0 loads the whole policy into host memory when no engine samples with it there."""
     cfg = build_config(base=config)
     build_process(cfg)
-    if rank > 0 and is_sharded(cfg):
+    if rank > 0 and cfg.learner.sharded:
         return cfg, None
     host = whole_copy_in_host_memory(cfg)
     model, _ = build_policy(cfg, "cpu" if host else device or process_device(cfg), trains=not host)

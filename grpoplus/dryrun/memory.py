@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from grpoplus.config import Config
 from grpoplus.dryrun.sizes import ModelSize
 from grpoplus.dryrun.tokens import Tokens
-from grpoplus.plan.placement import is_sharded, shards, whole_copy_in_host_memory
+from grpoplus.plan.placement import shards, whole_copy_in_host_memory
 
 FP32, GRADIENT, ADAMW = 4, 4, 8
 """Bytes per parameter of a float32 weight, its float32 gradient and AdamW's two float32 moments."""
@@ -107,7 +107,7 @@ def learner_items(cfg: Config, policy: ModelSize, teacher: ModelSize | None, ran
     """What learner rank ``rank`` keeps on its device: the trained policy (its shard), rank 0's whole copy under
     fsdp2 (unless it is kept in host memory: :func:`host_copy_device`), the reference and the teacher."""
     items = policy_items(cfg, policy)
-    if rank == 0 and is_sharded(cfg) and not whole_copy_in_host_memory(cfg):
+    if rank == 0 and cfg.learner.sharded and not whole_copy_in_host_memory(cfg):
         items.append(whole_copy_item(policy))
     reference = reference_item(cfg, policy)
     if reference is not None:
@@ -151,7 +151,7 @@ def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
     """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
     if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
         return None
-    if is_sharded(cfg):  # sharded like the policy: float32 shards, gathered in the compute dtype to run
+    if cfg.learner.sharded:  # sharded like the policy: float32 shards, gathered in the compute dtype to run
         shards, share = _share(cfg)
         return Item(f"reference, fp32, frozen{share}", _bytes(policy.params, FP32, shards))
     return frozen_item(cfg, policy, "reference")

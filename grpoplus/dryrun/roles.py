@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpoplus.config import Config, env_of
 from grpoplus.dryrun.sizes import ModelSize
-from grpoplus.plan.placement import is_sharded, whole_copy_in_host_memory
+from grpoplus.plan.placement import whole_copy_in_host_memory
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def _device(cfg: Config, rank: int = 0) -> str:
 
 
 def _rollout(cfg: Config) -> str:
-    r, sharded = cfg.rollout, is_sharded(cfg)
+    r, sharded = cfg.rollout, cfg.learner.sharded
     if cfg.run.cluster == "ray":
         gpu = "1 GPU each" if cfg.learner.device.startswith("cuda") else "CPU"
         return (f"{r.workers} rollout worker(s), Ray actors, each its own {r.engine} engine on its own copy of the "
@@ -167,7 +167,7 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
     from grpoplus.models.memory import training_bytes
 
     lrn, ray = cfg.learner, cfg.run.cluster == "ray"
-    n, sharded, host = lrn.data_parallel, is_sharded(cfg), whole_copy_in_host_memory(cfg)
+    n, sharded, host = lrn.data_parallel, cfg.learner.sharded, whole_copy_in_host_memory(cfg)
     trainers = ["this process" if n == 1 and not ray else "learner rank 0" if sharded else
                 f"each of the {n} learner ranks"] if not host else []
     copies = ["learner rank 0 (into its host memory; the other ranks take their shards from it)"] if host else []

@@ -6,14 +6,9 @@ from __future__ import annotations
 from grpoplus.config import Config
 
 
-def is_sharded(cfg: Config) -> bool:
-    """True when the learner's parameters are sharded over its ranks (learner.strategy=fsdp2, several ranks)."""
-    return cfg.learner.strategy == "fsdp2" and cfg.learner.data_parallel > 1
-
-
 def shards(cfg: Config) -> int:
     """How many ranks the learner's training state is split over (1: every rank holds it whole)."""
-    return cfg.learner.data_parallel if is_sharded(cfg) else 1
+    return cfg.learner.data_parallel if cfg.learner.sharded else 1
 
 
 def on_gpus(cfg: Config) -> bool:
@@ -29,7 +24,7 @@ def whole_copy_in_host_memory(cfg: Config) -> bool:
     """True when a sharded learner's rank 0 on GPUs keeps its whole copy of the policy (checkpoints, weights to the
     engines) in host memory rather than on its GPU: no engine samples with that copy in rank 0's process (vLLM holds
     its own weights, Ray's rollout workers theirs), so rank 0's GPU holds only its shards, like the other ranks'."""
-    return on_gpus(cfg) and is_sharded(cfg) and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
+    return on_gpus(cfg) and cfg.learner.sharded and (cfg.run.cluster == "ray" or cfg.rollout.engine == "vllm")
 
 
 def driver_copy_in_host_memory(cfg: Config) -> bool:

@@ -186,9 +186,9 @@ def test_inert_switches_with_one_update_per_batch():
 
 
 def test_every_field_has_a_docstring_for_help_config():
-    from grpoplus.config import _field_docs
+    from grpoplus.config import field_docs
 
-    docs = _field_docs(AlgoConfig)
+    docs = field_docs(AlgoConfig)
     assert set(docs) == set(AlgoConfig.field_names())
     assert all(len(d) > 20 for d in docs.values())
     assert "arXiv:2511.20347" in docs["tau_pos"] and "arXiv:2505.22312" in docs["entropy_adaptive"]

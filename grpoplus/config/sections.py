@@ -1,0 +1,317 @@
+"""What a user may say: the sections of a run's config (``run``, ``data``, ``rollout``, ``learner``, ``ray``, and
+``algo``, :class:`grpoplus.algo.AlgoConfig`), each field with its type, default and docstring."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from grpoplus.algo import AlgoConfig
+from grpoplus.data.loaders import ANSWER_FORMATS, BAD_ROW_POLICIES
+from grpoplus.learner.precision import PRECISIONS
+
+
+@dataclass
+class RunConfig:
+    out: str = "runs/demo"
+    """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, report/."""
+    overwrite: bool = False
+    """Allow a fresh run into a directory that already holds one (its metrics, samples and checkpoints
+    are deleted); without it such a directory is an error (use --resume to continue it)."""
+    seed: int = 0
+    """Seeds the built-in model's warm start (so each seed starts from a different model), the
+    synthetic task's training problems, the data order, sampling and evaluation sampling. The
+    held-out problems come from data.eval_seed, the same for every run.seed by default, so
+    accuracies of different seeds are measured on the same problems."""
+    max_steps: int = 300
+    """Rollout batches to train on (each is num_iterations x num_minibatches optimizer steps)."""
+    eval_every: int = 25
+    """Held-out evaluation every K steps (and at step 0 and the last step); 0 = only at the ends."""
+    save_every: int = 50
+    """Checkpoint every K steps (and at the last step); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many complete checkpoints to keep (the newest)."""
+    log_samples: int = 4
+    """Completions per step written to samples.jsonl."""
+    doctor_every: int = 10
+    """Run the doctor on the metrics so far every K steps and warn on new findings; 0 = off."""
+    loggers: list = field(default_factory=lambda: ["tensorboard"])
+    """Where the metrics go besides metrics.jsonl: any of tensorboard (RUN/tb), wandb (offline run in
+    RUN/wandb), mlflow (RUN/mlruns or $MLFLOW_TRACKING_URI), trackio (local); [] = metrics.jsonl only."""
+    progress: bool = True
+    """Show a live progress bar."""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)."""
+    release_memory: Literal["off", "phases", "eager"] = "phases"
+    """Linux (glibc), when freed memory goes back to the system (malloc_trim): phases (true) = after the rollout and
+    after the update, so the next phase starts from what is live; eager = also every few decoder layers of the
+    update's backward, which lowers its peak with learner.gradient_checkpointing; off (false) = glibc keeps
+    freed blocks for reuse."""
+    preset: str = "dapo"
+    """Algorithm preset (ALGORITHMS.md section 9); the algo section starts from it."""
+    overrides: list = field(default_factory=list)
+    """The key=value overrides given on the command line (recorded for reports)."""
+    cluster: Literal["local", "ray"] = "local"
+    """local: this machine (one process, or learner.data_parallel ranks it starts; torchrun works too) |
+    ray: the roles as Ray actors (rollout workers, learner ranks) and tasks (reward scoring), see the ray section."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arithmetic"
+    """Built-in task (arithmetic, countdown) or, with `data`, the name shown in logs."""
+    difficulty: int | None = None
+    """Difficulty knob of the built-in task (None = the task's default)."""
+    task_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the built-in task's factory, beside seed and difficulty (e.g. {dataset: chain_sum}
+    for task=reasoning_gym: a reasoning-gym procedural data set, scored by its own verifier)."""
+    data: str | None = None
+    """JSONL / JSON / Parquet file or saved `datasets` directory of prompts with answers."""
+    eval_data: str | None = None
+    """Held-out file (defaults to a split of `data`)."""
+    prompt_field: str = "prompt"
+    """Column of `data` holding the prompt."""
+    answer_field: str = "answer"
+    """Column of `data` holding the reference answer."""
+    answer_format: Literal[ANSWER_FORMATS] = "auto"
+    """How to read the reference answer: raw | gsm8k | math | auto."""
+    on_bad_row: Literal[BAD_ROW_POLICIES] = "skip"
+    """Malformed data rows: skip (reported with line numbers) | error."""
+    eval_size: int = 200
+    """Held-out prompts per evaluation."""
+    eval_seed: int = 0
+    """Seed of the held-out problem set (the built-in task's test split, or the rows a data set
+    holds out), independent of run.seed so that runs of different seeds are evaluated on the same
+    problems; training prompts (and the built-in model's warm start) never include a held-out one."""
+    rewards: list = field(default_factory=lambda: ["task"])
+    """Reward components: `task` (the task's verifier), built-in names (math, format, code, reward_model:path=DIR, an
+    LLM judge:url=http://host:8000/v1, ...), `module:function`, `file.py:function`, each optionally with `:weight` and
+    `:key=value,...` parameters."""
+    reward_workers: int | str = 0
+    """0 = score in-process; N > 0 = process pool of N workers; auto = a pool sized to the machine
+    (for slow or untrusted rewards)."""
+    reward_timeout_s: float = 10.0
+    """Per-call reward time limit (pool workers only)."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template to data-set prompts when it has one."""
+    env: str | None = None
+    """Multi-turn environment the rows are played in (one instance per rollout, made from its row): a registered
+    name (guess), `module:factory` or `file.py:factory`. None: the task's own (the guess task plays guess), else
+    single-turn."""
+    tools: list = field(default_factory=list)
+    """Tools the policy may call in a multi-turn episode (no data.env needed): built-in calculator, python (the code
+    sandbox), or `module:function` / `file.py:function` with type hints and an Args: docstring. A turn without a
+    <tool_call> is the answer."""
+    prm: str | None = None
+    """Local Hugging Face dir of a process reward model (an AutoModelForTokenClassification): its score of each step of
+    a single-turn response is that step's reward for algo.turn_credit=process, their sum added to the reward (component
+    prm). None: no step rewards."""
+    prm_step_separator: str = "\n"
+    """data.prm: a step of a response ends where this text does (and the last at the response's end)."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine (registered in grpoplus.rollout.ENGINES)."""
+    prompts_per_step: int = 32
+    """Groups per rollout batch (B)."""
+    group_size: int = 8
+    """Responses per prompt (G)."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); the learner scores log-probs at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest token set holding this probability, in (0, 1]."""
+    max_new_tokens: int = 48
+    """Longest response in tokens (L_max). algo.max_len is the same length: set either, the other
+    follows; setting both to different values is an error."""
+    quantization: Literal["none", "bf16_rounded", "int8", "fp8"] = "none"
+    """Sampler weights: none (the learner's precision) | bf16_rounded (weights rounded to bf16, computed in
+    fp32; hf engine) | int8 (int8 kernels: hf engine on CPU, vLLM on GPU) | fp8 (vLLM on GPU). A real
+    sampler/learner mismatch for the corrections of ALGORITHMS.md section 5."""
+    max_num_seqs: int = 0
+    """Most sequences the engine decodes at once (0 = the engine's choice: all of a batch for hf)."""
+    engine_timeout_s: float = 600.0
+    """Longest an engine may take to start, or to answer one generate call, before the run stops with
+    an error naming what timed out."""
+    engine_kwargs: dict = field(default_factory=dict)
+    """Engine-specific settings passed through as they are (vLLM: gpu_memory_utilization,
+    kv_cache_memory_bytes, dtype, sleep_between_steps, ...)."""
+    eval_samples: int = 4
+    """Sampled responses per held-out prompt (pass@k with k = this); 0 = greedy only."""
+    workers: int = 1
+    """Rollout workers, each with its own engine (cluster=ray); a step's prompts are split among them."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: a batch sampled with policy version v may be trained on at version <= v + K
+    while the next batches are sampled. 0 = the synchronous loop (sample, then train)."""
+    max_turns: int = 8
+    """Multi-turn (data.env): most policy turns per trajectory; max_new_tokens bounds each turn."""
+    max_episode_tokens: int = 0
+    """Multi-turn: most tokens after the prompt per trajectory, sampled and observed (0 = no budget but max_turns)."""
+    env_timeout_s: float = 30.0
+    """Multi-turn: longest one environment call (reset, step, close) may take; the trajectory then ends, counted in
+    env/ended/timeout."""
+    env_patience_s: float = 2.0
+    """Multi-turn: once some environments of a round have answered, how long the round waits for the others before
+    the answered trajectories take their next turn (a straggler joins a later round). Environments that all answer
+    within it give reproducible runs."""
+
+
+@dataclass
+class LearnerConfig:
+    model: str | None = None
+    """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
+    teacher: str | None = None
+    """On-policy distillation's teacher (algo.lambda_opd, algo.distill_loss): named as `model` names the policy (a
+    local HF dir, a .gguf file, `smollm2`), loaded once where the learner runs, like the reference; or the base URL
+    of an OpenAI-compatible server that returns prompt log-probs (vLLM's: `http://host:8000/v1`, lambda_opd only).
+    Its tokenizer must be the policy's."""
+    lr: float | None = None
+    """AdamW peak learning rate (> 0); unset, it follows the model: 2e-4 for a toy model (under 10M parameters,
+    e.g. the built-in tiny ones), 1e-6 to fully fine-tune a real one (TRL's and verl's default), 1e-5 with LoRA
+    (about 10x full fine-tuning's: Schulman et al. 2025, "LoRA Without Regret"); the run names the value it chose."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW first-moment decay."""
+    adam_beta2: float = 0.99
+    """AdamW second-moment decay."""
+    warmup_steps: int = 5
+    """Linear learning-rate warm-up, in optimizer steps."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm of each optimizer step to this."""
+    micro_batch_size: int = 64
+    """Responses per forward/backward; gradients are accumulated with exact normalisation."""
+    micro_batch_tokens: int = 0
+    """> 0: form micro-batches by a token budget instead (rows x padded width <= this; rows of similar
+    length together, so little padding is computed); 0 = micro_batch_size rows in order."""
+    share_prompts: bool = True
+    """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
+    G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
+    numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
+    much less activation memory for one more forward of the body per update; the same numbers."""
+    logp_old: Literal["auto", "recompute", "rollout"] = "auto"
+    """Where pi_old's log-probs come from: recompute (a separate no-grad learner pass before the
+    update), rollout (the sampler's logp_roll, no recompute), or auto: with one update per batch
+    and nothing that needs pi_old before the update (corrections, KL in reward, entropy mask),
+    the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
+    device: str = "cpu"
+    """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
+    precision: Literal[PRECISIONS] = "fp32"
+    """fp32 | bf16_mixed: float32 master weights, gradients and AdamW state with the matmuls of every learner
+    forward in bfloat16 (autocast; log-softmax and loss in float32), the reference's linear weights stored in
+    bfloat16, and the rollout engines sampling in bfloat16 (Micikevicius et al. 2018, arXiv:1710.03740)."""
+    tf32: bool = False
+    """float32 matmuls on an NVIDIA GPU use TF32 tensor cores (faster, 10-bit mantissa inputs); no effect on a CPU."""
+    data_parallel: int = 1
+    """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of
+    every mini-batch; gradients are summed over the ranks, so the update is the one of a single process."""
+    strategy: Literal["replicate", "fsdp2"] = "replicate"
+    """How the learner ranks hold the model: replicate (every rank the whole model and optimizer) | fsdp2
+    (parameters, gradients and AdamW state sharded over the ranks with torch's FSDP2, each decoder layer
+    gathered just before it runs: per-rank memory of about 1/data_parallel; full fine-tuning)."""
+    cpu_offload: bool = False
+    """learner.strategy=fsdp2 on GPUs: keep each rank's parameter, gradient and AdamW shards in CPU memory, copied
+    to the GPU layer by layer for each forward and backward, the optimizer stepping on the CPU (FSDP2's
+    CPUOffloadPolicy): less GPU memory for more host-device traffic."""
+    collective_timeout_s: float = 300.0
+    """Longest a learner rank waits for the others (joining, the gradient all-reduce, an update's
+    payload) before the run stops with an error naming the rank."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank (peft) instead of every weight; the KL reference is the
+    same model with its adapters off, checkpoints hold the adapters. 0 = full fine-tuning."""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: the update is (lora_alpha / lora_rank) B A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 keeps the training forward equal to pi_old)."""
+    lora_target_modules: list = field(default_factory=lambda: ["all-linear"])
+    """Linear layers that get adapters, by module name (q_proj, v_proj, ...) or all-linear (every
+    linear layer but the LM head)."""
+
+    @property
+    def sharded(self) -> bool:
+        """True when the learner's parameters are sharded over its ranks (strategy fsdp2, several ranks): the one
+        place this is decided."""
+        return self.strategy == "fsdp2" and self.data_parallel > 1
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """None: start a local Ray instance; "auto" or "host:port": join that running Ray cluster (cluster=ray)."""
+    num_cpus: int | None = None
+    """CPUs of a local Ray instance (None = Ray's default: all of this machine's)."""
+    timeout_s: float = 600.0
+    """Longest to wait for a role's actor to start, or for a call without a time limit of its own
+    (reward scoring, a learner step, a checkpoint) before the run stops with an error naming it."""
+    max_restarts: int = 3
+    """Restarts of a rollout worker that dies; its request is sent again, so no step is lost
+    (weight_sync=object_store; with collective a worker that dies ends the run)."""
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    """How learner rank 0's weights reach the rollout workers after each update: object_store (Ray's object
+    store; dead workers are restarted) | collective (a broadcast in a torch.distributed group of rank 0 and the
+    workers, gloo on CPU, NCCL on GPUs, each bounded by learner.collective_timeout_s)."""
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "learner": LearnerConfig,
+    "algo": AlgoConfig,
+    "ray": RayConfig,
+}
+
+BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"}}
+"""Keys that were booleans before they had more choices: what true and false still mean."""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.preset("dapo"))
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def to_dict(self) -> dict:
+        return {name: section_dict(getattr(self, name)) for name in SECTIONS}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def section_dict(section: Any) -> dict:
+    out = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def env_of(data: DataConfig) -> str | None:
+    """The environment a run's rows are played in: ``data.env``, else a built-in task's own; None: single-turn."""
+    if data.tools:
+        return data.env or "tools"
+    if data.env is not None or data.data is not None:
+        return data.env
+    from grpoplus.tasks import TASKS
+
+    return getattr(TASKS.get(data.task), "env", None) if data.task in TASKS else None
+
+
+def response_budget(data: DataConfig, rollout: RolloutConfig) -> int:
+    """L_max, the longest response (algo.max_len: overlong shaping, constant normalisers): max_new_tokens, or for a
+    multi-turn trajectory the tokens it may take in all (its budget, else max_turns x max_new_tokens)."""
+    if env_of(data) is None:
+        return rollout.max_new_tokens
+    return rollout.max_episode_tokens or rollout.max_turns * rollout.max_new_tokens
