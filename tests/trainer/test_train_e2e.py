@@ -289,11 +289,11 @@ def test_a_package_imported_late_is_still_one_line_naming_the_install(nano_dir, 
                                                                        module, install):
     import grpoplus.trainer
 
-    def build_needing(cfg):
+    def assemble_needing(cfg):
         __import__(module)
 
     monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.setattr(grpoplus.trainer, "build", build_needing)
+    monkeypatch.setattr(grpoplus.trainer, "assemble", assemble_needing)
     assert _train("--model", nano_dir, "--out", str(tmp_path / "run"), *SMALL) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"needs the {module} package, which is not installed: {install}" in err, err
