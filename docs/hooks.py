@@ -6,7 +6,8 @@ Nothing on those pages is copied by hand, so nothing there can drift from the co
   (``grpoplus.config.SECTIONS``, ``grpoplus.config.field_docs``, the same text as ``--help-config``);
 - ``reference/registries.md``: every entry of every registry with the first paragraph of its docstring;
 - ``reference/presets.md``: every preset as ``grpoplus.algo.presets.describe`` states it;
-- ``reference/doctor.md``: every doctor check and every threshold (``threshold_docs``).
+- ``reference/doctor.md``: every doctor check and every threshold (``threshold_docs``);
+- ``reference/rules.md``: every rule a config must pass (``grpoplus.config.rules.RULES``).
 
 A hand-written page can also embed generated tables with an HTML comment (invisible on GitHub):
 ``<!-- config-keys: learner.lora_* -->`` (the reference rows of those keys) and
@@ -216,11 +217,26 @@ def doctor_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def rules_page() -> str:
+    from grpoplus.config.rules import RULES
+
+    out = ["# Config rules", "", GENERATED_NOTE, "",
+           "Every config is checked against these rules when it is built (`grpoplus train`, `--dry-run`, "
+           "`grpoplus.Trainer(...)`), in this order, before anything loads: the first rule a config breaks is its "
+           "error, one line naming the keys and the fix. Values nobody gave (defaults, a preset's) are first fitted to "
+           "the ones given where a combination would otherwise be refused, each with a note on stderr "
+           "(`grpoplus.config.rules.fit_defaults`).", "", "`grpoplus.config.rules.RULES`", "",
+           "| rule | what it refuses unless it holds |", "|---|---|"]
+    out += [f"| `{r.name}` | {cell(r.what)} |" for r in RULES]
+    return "\n".join(out) + "\n"
+
+
 PAGES = {
     "reference/config.md": config_page,
     "reference/registries.md": registries_page,
     "reference/presets.md": presets_page,
     "reference/doctor.md": doctor_page,
+    "reference/rules.md": rules_page,
 }
 KEYS_COMMENT = re.compile(r"^<!-- config-keys: (.+?) -->$", re.M)
 PACKAGES_COMMENT = re.compile(r"^<!-- optional-packages -->$", re.M)

@@ -129,6 +129,14 @@ def test_the_doctor_page_lists_every_check_and_threshold_with_its_default_and_do
         assert f"<td><code>{code}</code></td>" in page, code
 
 
+def test_the_rules_page_lists_every_config_rule_in_order(site):
+    from grpoplus.config.rules import RULES
+
+    page = html.unescape(_page(site, "reference/rules"))
+    places = [page.index(f"<td><code>{r.name}</code></td>") for r in RULES]
+    assert places == sorted(places) and all(r.what and r.what in page for r in RULES)
+
+
 def test_generated_tables_in_hand_written_pages(site):
     from grpoplus.packages import OPTIONAL_PACKAGES
 

@@ -1,10 +1,13 @@
 """Every value the config derives from others and every refusal of a combination, checked when a config is built (a
 bad combination fails before anything loads, in one line naming the keys and the fix): :func:`fit_defaults` fits the
-values nobody gave to those given; :func:`check` refuses what cannot run."""
+values nobody gave to those given; :func:`check` applies every named rule of :data:`RULES` (listed on the generated
+reference page ``reference/rules.md``)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from grpoplus.config.sections import Config, env_of
 
@@ -49,8 +52,39 @@ def _note(text: str) -> None:
     print(f"grpoplus: note: {text}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One refusal of the config: its name, what it refuses (its docstring's first line) and the check."""
+
+    name: str
+    what: str
+    fn: Callable[[Config], None]
+
+
+RULES: list[Rule] = []
+"""Every refusal, in the order :func:`check` applies them (the first one a config breaks is the error it gets)."""
+
+
+def rule(name: str) -> Callable:
+    """Register ``fn(cfg)``, which raises a one-line ``ValueError`` (or ``ImportError``) naming the keys and the fix,
+    as the rule ``name``."""
+    def register(fn):
+        if any(r.name == name for r in RULES):
+            raise ValueError(f"config rule {name!r} is already registered")
+        RULES.append(Rule(name, " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()), fn))
+        return fn
+    return register
+
+
 def check(cfg: Config) -> None:
-    """Refuse, in one line naming the keys and the fix, a config that cannot run."""
+    """Refuse, in one line naming the keys and the fix, a config that cannot run: every rule of :data:`RULES`."""
+    for item in RULES:
+        item.fn(cfg)
+
+
+@rule("positive_sizes")
+def _positive_sizes(cfg: Config) -> None:
+    """Steps, prompts, group size, lengths, micro-batches and the held-out size are at least 1."""
     positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
                 "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
                 "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
@@ -60,17 +94,54 @@ def check(cfg: Config) -> None:
     if cfg.learner.micro_batch_tokens < 0:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
-    _check_lora(cfg)
+
+
+@rule("lora")
+def _check_lora(cfg: Config) -> None:
+    """LoRA's rank, alpha, dropout and target modules are valid, peft is installed, and the run is one process."""
+    lr = cfg.learner
+    if lr.lora_rank < 0:
+        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
+    if lr.lora_rank == 0:
+        return
+    from grpoplus.models.lora import require_peft
+
+    require_peft()
+    if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
+        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
+                         f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
+                         f"{lr.lora_target_modules}")
+    if cfg.algo.ref_reset_every:
+        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
+                         "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
+    if lr.data_parallel > 1 or cfg.run.cluster != "local" or cfg.rollout.max_staleness > 0:
+        raise ValueError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
+                         "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
+
+
+@rule("checkpointing_without_replay")
+def _checkpointing_without_replay(cfg: Config) -> None:
+    """Gradient checkpointing recomputes layers in the backward, outside MoE routing replay: not both."""
     if cfg.learner.gradient_checkpointing and cfg.algo.routing_replay != "off":
         raise ValueError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
                          f"algo.routing_replay={cfg.algo.routing_replay} no longer holds the router's choices: "
                          f"turn one of them off")
+
+
+@rule("packages")
+def _packages(cfg: Config) -> None:
+    """The optional packages the run needs (loggers, engine, model format, math verifier) are installed."""
     from grpoplus.metrics import require_loggers
     from grpoplus.rollout import require_engine
 
     require_loggers(cfg.run.loggers)
     require_engine(cfg.rollout.engine)
     _check_packages(cfg)
+
+
+@rule("sampling_and_rewards")
+def _sampling_and_rewards(cfg: Config) -> None:
+    """Reward workers, top_p, temperature and the learning rate are in range."""
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
         raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
@@ -80,6 +151,12 @@ def check(cfg: Config) -> None:
         raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
     if cfg.learner.lr is not None and cfg.learner.lr <= 0:
         raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+
+
+@rule("groups")
+def _groups(cfg: Config) -> None:
+    """A mini-batch holds whole groups, GFPO keeps fewer than a group, and a group-relative estimator has groups of
+    at least two responses."""
     _check_group_size(cfg)
     if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:
         raise ValueError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
@@ -87,74 +164,9 @@ def check(cfg: Config) -> None:
     if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
         raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
-    _check_scale(cfg)
-    _check_env(cfg)
-    _check_teacher(cfg)
 
 
-def _check_env(cfg: Config) -> None:
-    """The multi-turn limits, and an environment that exists (named before anything loads)."""
-    r = cfg.rollout
-    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0 or r.env_patience_s < 0:
-        raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
-                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
-                         f"env_patience_s >= 0 (got {r.env_patience_s})")
-    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None and cfg.data.prm is None:
-        raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
-                         " set data.env (or data.tools), data.prm (step rewards of a process reward model), or "
-                         "algo.turn_credit=off")
-    _check_prm(cfg)
-    if cfg.data.env is not None and cfg.data.tools:
-        raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
-                         "itself (a class's public methods are its tools), or drop data.env")
-    if cfg.data.env is not None:
-        from grpoplus.envs.base import env_factory
-
-        env_factory(cfg.data.env)
-    if cfg.data.tools:
-        from grpoplus.envs.tools import resolve_tools
-
-        resolve_tools(cfg.data.tools)
-
-
-def _check_teacher(cfg: Config) -> None:
-    """A teacher and the switches that use it come together; a full-vocabulary loss needs the teacher's logits."""
-    from grpoplus.teacher import is_endpoint
-
-    algo, teacher = cfg.algo, cfg.learner.teacher
-    if algo.uses_teacher and teacher is None:
-        raise ValueError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
-                         "teacher: name one with learner.teacher (bare key teacher=, a model as --model names one)")
-    if teacher is not None and not algo.uses_teacher:
-        raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
-                         "token advantage) or algo.distill_loss=reverse_kl|gjsd")
-    if algo.distill_loss != "off" and is_endpoint(teacher):
-        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
-                         f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
-    if algo.distill_loss != "off" and (cfg.learner.sharded
-                                       or algo.routing_replay != "off"):
-        raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
-                         "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
-
-
-def _check_prm(cfg: Config) -> None:
-    """A process reward model scores the steps of single-turn responses, for turn-level credit."""
-    d = cfg.data
-    if d.prm is None:
-        return
-    if cfg.algo.turn_credit not in ("process", "return_to_go"):
-        raise ValueError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
-                         "set algo.turn_credit=process")
-    if env_of(d) is not None:
-        raise ValueError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
-                         f"(environment {env_of(d)!r}): drop data.prm, or data.env / data.tools")
-    if cfg.run.cluster == "ray":
-        raise ValueError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
-                         "use cluster=local, or drop data.prm")
-    if not d.prm_step_separator:
-        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
-
-
+@rule("scale")
 def _check_scale(cfg: Config) -> None:
     """Learner ranks, rollout workers, staleness and the cluster: what can run, before anything starts."""
     from grpoplus.packages import require_package
@@ -223,25 +235,70 @@ def _check_local_devices(device: str, ranks: int) -> None:
                          "(cluster=ray) or with torchrun across machines"))
 
 
-def _check_lora(cfg: Config) -> None:
-    lr = cfg.learner
-    if lr.lora_rank < 0:
-        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
-    if lr.lora_rank == 0:
-        return
-    from grpoplus.models.lora import require_peft
+@rule("environments")
+def _check_env(cfg: Config) -> None:
+    """The multi-turn limits hold, turn credit has turns, a process reward model has single-turn steps, and the
+    environment or tools named exist (named before anything loads)."""
+    r = cfg.rollout
+    if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0 or r.env_patience_s < 0:
+        raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
+                         f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
+                         f"env_patience_s >= 0 (got {r.env_patience_s})")
+    if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None and cfg.data.prm is None:
+        raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
+                         " set data.env (or data.tools), data.prm (step rewards of a process reward model), or "
+                         "algo.turn_credit=off")
+    _check_prm(cfg)
+    if cfg.data.env is not None and cfg.data.tools:
+        raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
+                         "itself (a class's public methods are its tools), or drop data.env")
+    if cfg.data.env is not None:
+        from grpoplus.envs.base import env_factory
 
-    require_peft()
-    if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
-        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
-                         f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
-                         f"{lr.lora_target_modules}")
-    if cfg.algo.ref_reset_every:
-        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
-                         "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
-    if lr.data_parallel > 1 or cfg.run.cluster != "local" or cfg.rollout.max_staleness > 0:
-        raise ValueError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
-                         "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
+        env_factory(cfg.data.env)
+    if cfg.data.tools:
+        from grpoplus.envs.tools import resolve_tools
+
+        resolve_tools(cfg.data.tools)
+
+
+@rule("teacher")
+def _check_teacher(cfg: Config) -> None:
+    """A teacher and the switches that use it come together; a full-vocabulary loss needs the teacher's logits."""
+    from grpoplus.teacher import is_endpoint
+
+    algo, teacher = cfg.algo, cfg.learner.teacher
+    if algo.uses_teacher and teacher is None:
+        raise ValueError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
+                         "teacher: name one with learner.teacher (bare key teacher=, a model as --model names one)")
+    if teacher is not None and not algo.uses_teacher:
+        raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
+                         "token advantage) or algo.distill_loss=reverse_kl|gjsd")
+    if algo.distill_loss != "off" and is_endpoint(teacher):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
+                         f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
+    if algo.distill_loss != "off" and (cfg.learner.sharded
+                                       or algo.routing_replay != "off"):
+        raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
+                         "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
+
+
+def _check_prm(cfg: Config) -> None:
+    """A process reward model scores the steps of single-turn responses, for turn-level credit."""
+    d = cfg.data
+    if d.prm is None:
+        return
+    if cfg.algo.turn_credit not in ("process", "return_to_go"):
+        raise ValueError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
+                         "set algo.turn_credit=process")
+    if env_of(d) is not None:
+        raise ValueError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
+                         f"(environment {env_of(d)!r}): drop data.prm, or data.env / data.tools")
+    if cfg.run.cluster == "ray":
+        raise ValueError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
+                         "use cluster=local, or drop data.prm")
+    if not d.prm_step_separator:
+        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
 
 
 def _check_group_size(cfg: Config) -> None:

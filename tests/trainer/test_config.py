@@ -159,3 +159,17 @@ def test_defaults_fit_the_values_given_with_a_note_and_given_values_are_never_ch
         build_config("grpo", overrides=["prompts_per_step=2", "num_minibatches=4"])
     with pytest.raises(ValueError, match="makes only 1 of learner.micro_batch_size=64"):
         build_config(overrides=["data_parallel=2", "micro_batch_size=64"])
+
+
+def test_every_refusal_is_a_named_rule_applied_in_order(monkeypatch):
+    from grpoplus.config import rules
+
+    names = [r.name for r in rules.RULES]
+    assert len(names) == len(set(names)) and all(r.what for r in rules.RULES)  # unique, each says what it refuses
+    seen = []
+    monkeypatch.setattr(rules, "RULES", [rules.Rule(r.name, r.what, lambda cfg, n=r.name: seen.append(n))
+                                         for r in rules.RULES])
+    build_config(overrides=["max_steps=2"])
+    assert seen == names  # check() applies every rule, in the listed order
+    with pytest.raises(ValueError, match="already registered"):
+        rules.rule(names[0])(lambda cfg: None)
