@@ -129,11 +129,10 @@ class Trainer:
                ) -> "Trainer":
         """The run in ``run_dir``, to continue from its newest complete checkpoint (``overrides`` on top of its
         saved config, e.g. a larger ``max_steps``)."""
-        from grpoplus.trainer import resume_config
+        from grpoplus.config import resumed_config
 
         trainer = cls.__new__(cls)
-        trainer.config = resume_config(str(run_dir), [o for o in overrides if not o.startswith("run.out=")])
-        trainer.config.run.out = str(run_dir)
+        trainer.config = resumed_config(run_dir, list(overrides))
         trainer.callbacks = list(callbacks)
         trainer._resume = True
         return trainer

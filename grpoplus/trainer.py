@@ -17,7 +17,7 @@ from typing import Any
 
 from grpoplus.assemble import Components, assemble
 from grpoplus.assemble.learner import RANK_BUILDERS
-from grpoplus.config import Config, build_config
+from grpoplus.config import Config
 from grpoplus.containers import ScoredGroups
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
 from grpoplus.evaluation import evaluate
@@ -197,14 +197,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def resume_config(run_dir: str, overrides: list[str]) -> Config:
-    """The run's saved config with new overrides on top (e.g. a larger max_steps)."""
-    import yaml
-
-    path = RunDir(run_dir).config
-    if not path.is_file():
-        raise FileNotFoundError(f"cannot resume: {path} does not exist (is {run_dir!r} a grpoplus run directory?)")
-    saved = yaml.safe_load(path.read_text())
-    return build_config(overrides=overrides, base=saved)

@@ -3,7 +3,7 @@ is read (:mod:`.load`: preset, YAML, ``key=value``, Python values, a saved run's
 (:mod:`.rules`) and the keys' documentation (:mod:`.keys`)."""
 
 from grpoplus.config.keys import describe_keys, field_docs
-from grpoplus.config.load import build_config, choices, parse_override
+from grpoplus.config.load import build_config, choices, parse_override, resumed_config
 from grpoplus.config.sections import (
     BOOL_CHOICES,
     SECTIONS,
@@ -18,4 +18,5 @@ from grpoplus.config.sections import (
 )
 
 __all__ = ["BOOL_CHOICES", "SECTIONS", "Config", "DataConfig", "LearnerConfig", "RayConfig", "RolloutConfig", "RunConfig",
-           "build_config", "choices", "describe_keys", "env_of", "field_docs", "parse_override", "response_budget"]
+           "build_config", "choices", "describe_keys", "env_of", "field_docs", "parse_override", "response_budget",
+           "resumed_config"]

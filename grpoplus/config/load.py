@@ -181,3 +181,17 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
 
 def _from_bool(key: str, value: Any) -> Any:
     return BOOL_CHOICES[key][value] if isinstance(value, bool) and key in BOOL_CHOICES else value
+
+
+def resumed_config(run_dir: str | Path, overrides: list[str] | tuple = ()) -> Config:
+    """The config a resumed run takes, the one reader of a run's saved ``config.yaml``: the saved config with
+    ``overrides`` on top (e.g. a larger ``max_steps``) and ``run.out`` the run's directory (an override naming
+    another is dropped: a resumed run stays where it is)."""
+    from grpoplus.rundir import RunDir
+
+    path = RunDir(str(run_dir)).config
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume: {path} does not exist (is {str(run_dir)!r} a grpoplus run directory?)")
+    saved = yaml.safe_load(path.read_text())
+    kept = [o for o in overrides if not o.startswith(("run.out=", "out="))]
+    return build_config(overrides=kept, base=saved, values={"run.out": str(run_dir)})

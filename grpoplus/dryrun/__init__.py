@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from grpoplus.config import Config, build_config
+from grpoplus.config import Config, build_config, resumed_config
 from grpoplus.dryrun.memory import Device, estimate_memory
 from grpoplus.dryrun.roles import Role, machine_needs, plan_roles, warnings
 from grpoplus.dryrun.sizes import ModelSize, model_size
@@ -42,7 +42,7 @@ def dry_run(preset: str | None = None, yaml_path: str | None = None, overrides: 
     """Check the config ``grpoplus train`` would build from these arguments and plan its run (``resume``: the
     run directory whose saved config a resumed run would take, with ``overrides`` on top)."""
     with collecting() as needs:
-        cfg = _resumed(resume, overrides or []) if resume else build_config(preset, yaml_path, overrides)
+        cfg = resumed_config(resume, overrides or []) if resume else build_config(preset, yaml_path, overrides)
     return plan(cfg, needs)
 
 
@@ -57,19 +57,6 @@ def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
     return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), plan_roles(cfg), policy, teacher,
                   estimate_memory(cfg, policy, teacher, tokens), tokens,
                   list(needs or []) + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
-
-
-def _resumed(run_dir: str, overrides: list[str]) -> Config:
-    """The config a resumed run takes: the run's saved config.yaml with the overrides on top."""
-    from grpoplus.rundir import RunDir
-
-    path = RunDir(run_dir).config
-    if not path.is_file():
-        raise FileNotFoundError(f"cannot resume: {path} does not exist (is {run_dir!r} a grpoplus run directory?)")
-    saved = yaml.safe_load(path.read_text())
-    cfg = build_config(overrides=[o for o in overrides if not o.startswith("run.out=")], base=saved)
-    cfg.run.out = run_dir
-    return cfg
 
 
 def print_dry_run(preset: str | None, yaml_path: str | None, overrides: list[str], resume: str | None = None) -> int:

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from grpoplus.config import build_config
+from grpoplus.config import build_config, resumed_config
 from grpoplus.learner.checkpoint import latest_checkpoint
 from grpoplus.selftest.runner import CheckFailed, Context, check
-from grpoplus.trainer import resume_config, train
+from grpoplus.trainer import train
 
 QUIET = ["progress=false", "loggers=[]", "doctor_every=0", "log_samples=0"]
 MAIN_JOB_STEPS, QUICK_STEPS = 60, 30
@@ -43,7 +43,7 @@ def checkpoint_resume(ctx: Context) -> dict:
     whole, part = ctx.scratch / "whole", ctx.scratch / "part"
     records = train(_config(ctx, whole, 4, *small))
     train(_config(ctx, part, 2, *small))
-    resumed = train(resume_config(str(part), ["max_steps=4"]), resume=True)
+    resumed = train(resumed_config(part, ["max_steps=4"]), resume=True)
     ours, theirs = [_comparable(r) for r in records[-2:]], [_comparable(r) for r in resumed[-2:]]
     if [r["step"] for r in theirs] != [3, 4]:
         raise CheckFailed(f"the resumed run logged steps {[r['step'] for r in resumed]}, not 3 and 4")

@@ -119,8 +119,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(na
 
 def test_a_rollout_worker_that_dies_past_its_restarts_ends_the_run_in_one_line_and_resume_finishes_it(
         nano_dir, tmp_path):
+    from grpoplus.config import resumed_config
     from grpoplus.distributed.ray_cluster import RoleDied
-    from grpoplus.trainer import resume_config
 
     overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
     straight = _run(nano_dir, tmp_path / "straight", *overrides)
@@ -137,7 +137,7 @@ def test_a_rollout_worker_that_dies_past_its_restarts_ends_the_run_in_one_line_a
     assert took < 200  # the death is seen at once, not after ray.timeout_s=300 of silence
     # the run directory kept its last complete checkpoint, and resume ends where the uninterrupted run did
     assert ckpt.latest_checkpoint(run_dir) is not None
-    cfg = resume_config(str(run_dir), [])
+    cfg = resumed_config(run_dir)
     cfg.run.out = str(run_dir)
     train(cfg, resume=True)
     resumed = _records(run_dir)
