@@ -104,7 +104,6 @@ def _default(field: dataclasses.Field) -> object:
 
 def config_rows() -> list[dict]:
     """One dict per config key: section, name, key, default, the default run's value, allowed values, doc."""
-    from grpoplus.algo import AlgoConfig
     from grpoplus.config import SECTIONS, build_config, choices, field_docs
 
     run = build_config()  # a default run: the dapo preset's algo section
@@ -114,7 +113,7 @@ def config_rows() -> list[dict]:
         for f in dataclasses.fields(cls):
             rows.append(dict(section=section, name=f.name, key=f"{section}.{f.name}", default=_default(f),
                              run_value=getattr(getattr(run, section), f.name),
-                             allowed=choices(section, f.name) if cls is not AlgoConfig else None,
+                             allowed=choices(section, f.name),
                              doc=docs.get(f.name, "")))
     return rows
 

@@ -348,6 +348,18 @@ class AlgoConfig:
             if kind is float and not math.isfinite(value):
                 raise ValueError(f"AlgoConfig.{f.name} must be finite, got {value!r}")
 
+    @classmethod
+    def choices(cls, name: str) -> tuple[str, ...] | None:
+        """The values field ``name`` takes (a registry's names as registered now, or the field's fixed choices; for
+        ``corrections``, the names its list takes), or None for a field of any number or free text."""
+        if name in _REGISTRIES:
+            return tuple(_REGISTRIES[name].names())
+        if name == "distill_loss":
+            return ("off", *DISTILL_LOSSES.names())
+        if name == "corrections":
+            return tuple(CORRECTIONS.names())
+        return _CHOICES.get(name)
+
     def _check_names(self) -> None:
         for key, registry in _REGISTRIES.items():
             value = getattr(self, key)

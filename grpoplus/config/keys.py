@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpoplus.algo import AlgoConfig
 from grpoplus.config.load import build_config, choices
 from grpoplus.config.sections import SECTIONS, Config
 
@@ -21,7 +20,7 @@ def describe_keys(cfg: Config | None = None) -> str:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             value = getattr(getattr(cfg, section), f.name)
-            allowed = choices(section, f.name) if cls is not AlgoConfig else None
+            allowed = choices(section, f.name)
             shown = f"  {f.name} = {list(value) if isinstance(value, tuple) else value!r}"
             lines.append(shown + (f"  ({' | '.join(allowed)})" if allowed else ""))
             if docs.get(f.name):

@@ -55,7 +55,10 @@ def _adapter(section: str, name: str) -> TypeAdapter:
 
 
 def choices(section: str, name: str) -> tuple | None:
-    """The values a ``Literal`` field takes (its one definition), else None."""
+    """The values a field takes (a ``Literal`` annotation's, or an ``algo`` field's registry or fixed choices), else
+    None."""
+    if SECTIONS[section] is AlgoConfig:
+        return AlgoConfig.choices(name)
     hint = typing.get_type_hints(SECTIONS[section])[name]
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 

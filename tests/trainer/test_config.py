@@ -57,7 +57,9 @@ def test_help_config_shows_the_chosen_preset_and_overrides_with_meanings():
 
     cispo = AlgoConfig.preset("cispo")
     text = describe_keys(build_config("cispo", overrides=["eps_low=0.5"]))
-    assert "  loss = 'cispo'" in text and f"  eps_high = {cispo.eps_high!r}" in text
+    assert "  loss = 'cispo'  (cispo | clip | " in text and f"  eps_high = {cispo.eps_high!r}" in text
+    assert "  kl_placement = 'in_loss'  (in_loss | in_reward)" in text  # algo keys show their choices too
+    assert "  distill_loss = 'off'  (off | gjsd | reverse_kl)" in text and "  eps_low = 0.5\n" in text
     assert "  eps_low = 0.5" in text  # the override, not the preset's 1.0
     assert "  num_minibatches = 4" in text
     for key in AlgoConfig.field_names():  # every algo key is printed with a meaning under it
