@@ -74,10 +74,12 @@ def batch(model: torch.nn.Module, rollouts: Rollouts, learner_plan: LearnerPlan,
 
 
 def optimizer(model: torch.nn.Module):
-    """AdamW as the learner makes it (fused on a CPU or a GPU), with a constant schedule."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=LR, fused=True)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    """The learner's own optimizer and schedule (grpoplus.assemble.factories.build_optimizer) at lr :data:`LR`,
+    constant."""
+    from grpoplus.assemble.factories import build_optimizer
+    from grpoplus.config import build_config
+
+    return build_optimizer(build_config(overrides=[f"lr={LR}", "lr_schedule=constant", "warmup_steps=0"]), model)
 
 
 def nano_dir(path, seed: int = 0) -> str:

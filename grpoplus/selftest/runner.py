@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import tempfile
 import time
 import traceback
@@ -174,20 +173,16 @@ def run_one(item: Check, ctx: Context) -> Result:
     return Result(item.name, status, round(seconds, 2), message, None if peak is None else round(peak, 1), figures)
 
 
-def process_peak_mb() -> float:
-    """This process's peak resident memory so far (Linux reports kB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _error_line(err: BaseException) -> str:
-    """``Type: first line of the message (at file:line)``: where inside grpoplus or torch it was raised."""
-    first = (str(err).strip().splitlines() or [""])[0]
-    frames = traceback.extract_tb(err.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    """``Type: first line of the message (at file:line)``: where inside grpoplus or torch it was raised; a missing
+    package: the ``pip install`` that adds it."""
     if isinstance(err, ImportError):
         from grpoplus.packages import install_hint
 
         return install_hint(err)
+    first = (str(err).strip().splitlines() or [""])[0]
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {first}{where}"
 
 
