@@ -75,7 +75,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # grpoplus from this source tree when not installed
 
 import torch  # noqa: E402
-from smollm2_vs_trl import computed_tokens, peak_rss_mb, spread  # noqa: E402
+from smollm2_vs_trl import computed_tokens, matmul_gflops_now, peak_rss_mb, spread  # noqa: E402
 from trl_peer import StepTimer, peer_prompts  # noqa: E402
 
 SHAPES = {
@@ -141,16 +141,7 @@ def matmul_tflops(device: str, dtype: torch.dtype) -> float:
     CPU, timed after a warm-up. The MFU's peak: the device's own, measured, not its datasheet's."""
     cuda = device == "cuda"
     size, repeats = (8192, 50) if cuda else (1024, 5)
-    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync(device)
-    rate = 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e12
-    del a, b
+    rate = matmul_gflops_now(size, repeats, device, dtype, warmup=3) / 1e3
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)  # the side's peak starts after this

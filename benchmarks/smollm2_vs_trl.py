@@ -48,13 +48,19 @@ PEAK_GBS = 26.0  # memory bandwidth, idle machine
 PROMPTS, GROUP, NEW_TOKENS, LR = 4, 4, 48, 1e-6
 
 
-def matmul_gflops_now(size: int = 2048, repeats: int = 10) -> float:
-    """The fp32 matmul rate this process gets right now (the machine's peak drifts, and is shared)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
+def matmul_gflops_now(size: int = 2048, repeats: int = 10, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                      warmup: int = 1) -> float:
+    """The matmul rate (GFLOP/s) this process gets right now on ``device`` in ``dtype`` (a machine's peak drifts, and
+    a CPU is shared), ``size`` x ``size`` matrices timed over ``repeats`` products after ``warmup`` ones."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(warmup):
+        a @ b
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         a @ b
+    sync()
     return 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e9
 
 
