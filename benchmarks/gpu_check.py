@@ -81,8 +81,9 @@ def save_warm_start(cache: Path) -> None:
     os.environ["GRPOPLUS_CACHE"] = str(cache)
     from grpoplus.assemble.factories import build_policy
     from grpoplus.config import build_config
+    from grpoplus.plan import resolve
 
-    build_policy(build_config("dapo"), "cpu")
+    build_policy(resolve(build_config("dapo")).learner.policy, "cpu")
 
 
 def install_missing(gpu_dir: Path, site: Path) -> list[str]:

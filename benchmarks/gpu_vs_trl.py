@@ -259,10 +259,11 @@ def grpoplus_config(a: argparse.Namespace, out: str, overrides: list[str]):
 
 def run_grpoplus(a: argparse.Namespace, overrides: list[str]) -> dict:
     from grpoplus.assemble import assemble
+    from grpoplus.plan import resolve
 
     with tempfile.TemporaryDirectory(prefix="grpoplus-gpu-bench-") as out:
         cfg = grpoplus_config(a, out, overrides)
-        c = assemble(cfg)
+        c = assemble(resolve(cfg))
         try:
             return grpoplus_steps(a, cfg, c, overrides)
         finally:

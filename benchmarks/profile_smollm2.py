@@ -192,15 +192,17 @@ def split_profile(events) -> dict:
 
 
 def run_step(data: str, steps: int, profile: bool, preset: str | None, overrides: list[str]) -> None:
+    from grpoplus.assemble import assemble
     from grpoplus.config import build_config
-    from grpoplus.trainer import assemble, train_step
+    from grpoplus.plan import resolve
+    from grpoplus.trainer import train_step
 
     cfg = build_config(preset, overrides=[
         f"model={MODEL}", f"data={data}", "prompt_field=question", "answer_field=answer", "answer_format=gsm8k",
         "prompts_per_step=4", "group_size=4", "max_new_tokens=48", f"max_steps={steps}", "eval_every=0",
         "eval_samples=0", "eval_size=4", "save_every=0", "out=/tmp/_grpoplus_bench_run", "progress=false",
         "loggers=[]", "doctor_every=0", *overrides])
-    c = assemble(cfg)
+    c = assemble(resolve(cfg))
     print(json.dumps({"bench": "step", "preset": cfg.run.preset, **threads_info(), **machine_now()}))
     label_phases(c)
     for step in range(1, steps + 1):

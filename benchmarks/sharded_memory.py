@@ -60,12 +60,13 @@ def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Q
     from grpoplus.config import build_config
     from grpoplus.distributed.group import RankGroup, Rendezvous
     from grpoplus.distributed.learner import update_step
+    from grpoplus.plan import resolve
 
     torch.set_num_threads(1)
     cfg = build_config("dapo", overrides=[f"data_parallel={world}", *overrides])
-    _, model = build_rank_model(cfg.to_dict(), "cpu", rank)
+    model = build_rank_model(resolve(cfg).learner, "cpu", rank)
     group = RankGroup.join(Rendezvous(f"tcp://127.0.0.1:{port}", rank, world, "cpu", 600.0))
-    parts, plan = build_learner_rank_parts(cfg, model, group)
+    parts, plan = build_learner_rank_parts(resolve(cfg).learner, model, group)
     built_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     trained = [p for p in parts.model.parameters() if p.requires_grad]
     grads = []

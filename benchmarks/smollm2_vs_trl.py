@@ -136,6 +136,7 @@ def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
 def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) -> dict:
     from grpoplus.assemble import assemble
     from grpoplus.config import build_config
+    from grpoplus.plan import resolve
     from grpoplus.trainer import train_step
 
     cfg = build_config("dapo", overrides=[
@@ -144,7 +145,7 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
         "num_minibatches=1", "num_iterations=1",  # one update per batch (the dapo preset takes 4)
         f"lr={LR}", "warmup_steps=0", "lr_schedule=constant", f"max_steps={steps}", "eval_every=0",
         "save_every=0", f"out={tempfile.mkdtemp(prefix='grpoplus-bench-')}", "progress=false", *overrides])
-    c = assemble(cfg)
+    c = assemble(resolve(cfg))
     import grpoplus.rollout.hf as hf
 
     prefill_s: list[float] = []

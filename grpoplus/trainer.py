@@ -26,6 +26,7 @@ from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, 
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
+from grpoplus.plan import resolve
 from grpoplus.rundir import RunDir
 
 
@@ -79,14 +80,15 @@ def restore(c: Components, path: Path) -> tuple[int, dict]:
 def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict], Any]] = ()) -> list[dict]:
     """Run (or resume) training; returns the metric records written by this call. Each callback is called with
     each step's record; one that returns True stops the run after that step (its checkpoint written)."""
-    if torchrun_follower(cfg):  # under torchrun every rank runs this; ranks > 0 only take part in updates
-        follow_torchrun(cfg, RANK_BUILDERS)
+    plan = resolve(cfg)
+    if torchrun_follower(plan.placement.ranks):  # under torchrun every rank runs this; ranks > 0 only take part in updates
+        follow_torchrun(plan.learner, RANK_BUILDERS)
         return []
     run_dir = RunDir(cfg.run.out)
     if not resume:
         run_dir.clear(cfg.run.overwrite)
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    c = assemble(cfg)
+    c = assemble(plan)
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)

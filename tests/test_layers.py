@@ -111,6 +111,16 @@ def test_the_dry_run_never_imports_the_assembly():
     assert reached == []
 
 
+def test_past_the_edge_nothing_builds_a_config():
+    # a config is built and validated once, at the edge (the CLI, the Python API, the dry run, the lab, the self-test);
+    # the assembly, the trainer and every role's process work from the plan (grpoplus.plan.resolve) it resolves to
+    edge = ("config", "api", "cli", "dryrun", "lab", "selftest")
+    reached = sorted({f"{module_name(p)} -> {name}" for p in ROOT.rglob("*.py") if unit(module_name(p)) not in edge
+                      for m, name, _ in imports(p, top_level_only=False)
+                      if m.startswith("grpoplus.config") and name in ("build_config", "resumed_config")})
+    assert reached == []
+
+
 def test_the_plan_loads_and_starts_nothing():
     starters = ("assemble", "distributed", "rollout", "learner", "teacher", "trainer")
     reached = []

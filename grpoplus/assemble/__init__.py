@@ -1,4 +1,4 @@
-"""Config -> components: the one place that turns a validated config into objects.
+"""Plan -> components: the one place that turns a run's plan (:func:`grpoplus.plan.resolve`) into objects.
 
 - :mod:`~grpoplus.assemble.factories`: leaf factories (policy, data, rewards, engine, optimizer, collection);
 - :mod:`~grpoplus.assemble.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
@@ -15,26 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.assemble.factories import (
-    build_collect_plan,
-    build_lora,
-    build_process,
-    build_scorer,
-    build_task_and_model,
-    check_engine_routing,
-    logp_old_source,
-)
-from grpoplus.config import Config
+from grpoplus.assemble.factories import build_collect_plan, build_lora, build_process, build_scorer, build_task_and_model
 from grpoplus.learner.precision import check_precision
-from grpoplus.learner.prepare import logp_old_mode
 from grpoplus.learner.replay import check_replay
+from grpoplus.plan.run import RunPlan
 from grpoplus.prompts import PromptSampler
 from grpoplus.teacher import check_vocabulary
 
 
 @dataclass
 class Components:
-    """Everything a run needs, built once from its config."""
+    """Everything a run needs, built once from its plan."""
 
     task: object
     train: list
@@ -58,24 +49,23 @@ class Components:
             self.cluster.close()
 
 
-def assemble(cfg: Config) -> Components:
-    """The run's components: checks that fail before anything loads, the task and policy, then the roles
-    where ``run.cluster`` places them."""
+def assemble(plan: RunPlan) -> Components:
+    """The run's components: what the machine must offer, checked before anything loads, the task and policy, then
+    the roles where ``run.cluster`` places them."""
     from grpoplus.assemble.placements import Collection, place_local, place_on_ray
 
-    build_process(cfg)
-    logp_old_mode(cfg.algo, logp_old_source(cfg), uses_reference=cfg.algo.beta > 0)  # a bad choice fails first
+    cfg = plan.config
+    build_process(plan.learner.process)
     check_precision(cfg.learner.precision, cfg.learner.device)
-    check_engine_routing(cfg)
-    task, train, test, model, tokenizer = build_task_and_model(cfg)
+    task, train, test, model, tokenizer = build_task_and_model(plan)
     check_vocabulary(cfg.learner.teacher, tokenizer)  # before the learner ranks load the teacher
     replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
     collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
                             torch.Generator().manual_seed(cfg.run.seed))
     if cfg.run.cluster == "ray":
-        roles = place_on_ray(cfg, task, model, tokenizer, collection)
+        roles = place_on_ray(plan, task, model, tokenizer, collection)
     else:
-        roles = place_local(cfg, build_lora(cfg, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
+        roles = place_local(plan, build_lora(plan.lora, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
                             collection, replay)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner, roles.collector,

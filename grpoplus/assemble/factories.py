@@ -1,5 +1,7 @@
-"""Leaf factories: each turns a validated config into one component (policy, data, rewards, engine,
-optimizer, collection), for any placement and any process of a run, the roles' own processes included."""
+"""Leaf factories: each turns its part of a run's plan (:mod:`grpoplus.plan.run`) into one component (policy, data,
+rewards, engine, optimizer, collection), for any placement and any process of a run, the roles' own processes
+included. The role-side ones (process, policy, optimizer, engine, rollout worker) take a role's plan; the driver-side
+ones (task, rewards, collection) read the user's settings the plan carries (``RunPlan.config``)."""
 
 from __future__ import annotations
 
@@ -13,24 +15,24 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus.collect import CollectPlan, collect
-from grpoplus.config import Config, build_config, env_of
+from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.plan.data import build_data, builtin_tasks
-from grpoplus.plan.placement import driver_copy_in_host_memory, on_gpus, process_device, shards
+from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 from grpoplus.prompts import PromptSampler
 
 
-def build_process(cfg: Config) -> None:
+def build_process(process: ProcessPlan) -> None:
     """Settings of every process of a run (the driver, learner ranks, rollout workers)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
-    torch.manual_seed(cfg.run.seed)
-    if cfg.learner.device.startswith("cuda"):
-        set_tf32(cfg.learner.tf32)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(process.seed)
+    if process.device.startswith("cuda"):
+        set_tf32(process.tf32)
+    if process.threads:
+        torch.set_num_threads(process.threads)
 
 
 def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:
@@ -75,31 +77,23 @@ def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, sc
     return BoundedStaleness(collect_step, engine, sampler, generator, cfg.rollout.max_staleness)
 
 
-def logp_old_source(cfg: Config) -> str:
-    """``learner.logp_old``, except that LoRA dropout makes the training forward stochastic: pi_old then
-    needs its own pass."""
-    lrn = cfg.learner
-    return "recompute" if lrn.lora_rank and lrn.lora_dropout > 0 and lrn.logp_old == "auto" else lrn.logp_old
-
-
 def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
     """(name, weight) of each reward component, for the learner plan."""
     return tuple((c.name, c.weight) for c in components)
 
 
-def build_policy(cfg: Config, device: str | None = None, trains: bool = True):
-    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (default learner.device);
-    ``trains=False``: a copy that is not trained where it is loaded (the load check counts its weights alone)."""
+def build_policy(policy: PolicyPlan, device: str, trains: bool = True):
+    """The policy and its tokenizer, as ``learner.model`` names them, on ``device``; ``trains=False``: a copy that is
+    not trained where it is loaded (the load check counts its weights alone)."""
     from grpoplus.models.load import is_builtin, load_policy
     from grpoplus.warmstart import load_builtin
 
-    d, name, device = cfg.data, cfg.learner.model, device or cfg.learner.device
-    with phase(f"loading model {name or f'(built-in tiny model, task {d.task})'}"):
+    name = policy.model
+    with phase(f"loading model {name or f'(built-in tiny model, task {policy.task})'}"):
         if is_builtin(name):
-            return load_builtin(name, d.task if d.data is None else None, d.difficulty, seed=cfg.run.seed,
-                                eval_seed=d.eval_seed, device=device)
-        return load_policy(name, device=device, lora=cfg.learner.lora_rank > 0,
-                           shards=shards(cfg), trains=trains)
+            return load_builtin(name, policy.task, policy.difficulty, seed=policy.seed, eval_seed=policy.eval_seed,
+                                device=device)
+        return load_policy(name, device=device, lora=policy.lora, shards=policy.shards, trains=trains)
 
 
 @contextmanager
@@ -112,10 +106,11 @@ def phase(what: str):
     print(f"{what}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def build_task_and_model(cfg: Config):
+def build_task_and_model(plan: RunPlan):
     """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
     from grpoplus.models.load import is_builtin
 
+    cfg, where = plan.config, plan.placement
     d, name = cfg.data, cfg.learner.model
     tasks = builtin_tasks(cfg)
     # refused before the tiny model's warm start
@@ -123,20 +118,20 @@ def build_task_and_model(cfg: Config):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
-    host = driver_copy_in_host_memory(cfg)
-    model, tokenizer = build_policy(cfg, "cpu" if host else None, trains=not (host and on_gpus(cfg)))
+    host = where.driver_copy_in_host_memory
+    model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device,
+                                    trains=not (host and where.device.startswith("cuda")))
     return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
 
 
-def build_lora(cfg: Config, model):
+def build_lora(lora: LoraPlan, model):
     """The policy with LoRA adapters (``learner.lora_*``; only the adapters train), or ``model`` itself
     when ``learner.lora_rank`` is 0."""
     from grpoplus.models.lora import add_lora
 
-    lr = cfg.learner
-    if lr.lora_rank == 0:
+    if lora.rank == 0:
         return model
-    return add_lora(model, lr.lora_rank, lr.lora_alpha, lr.lora_dropout, lr.lora_target_modules)
+    return add_lora(model, lora.rank, lora.alpha, lora.dropout, list(lora.target_modules))
 
 
 def build_rewards(cfg: Config, task):
@@ -178,31 +173,17 @@ def reward_components(cfg: Config, task) -> list:
     return parse_reward_specs(specs, extra={"task": task.reward})
 
 
-def check_engine_routing(cfg: Config) -> None:
-    """R3 replays the experts the rollout engine routed each token to: refuse an engine that cannot
-    return them before anything is loaded (engines that can set ``returns_routing = True``)."""
-    from grpoplus.rollout import ENGINES
-
-    if cfg.algo.routing_replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
-        return
-    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
-    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
-                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
-                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
-
-
-def build_engine(cfg: Config, model, tokenizer, record_routing: bool = False):
+def build_engine(engine: EnginePlan, model, tokenizer, record_routing: bool = False):
     """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
     from grpoplus.rollout import ENGINES, EngineOptions
 
-    r = cfg.rollout
-    factory = ENGINES.get(r.engine)
-    options = EngineOptions(quantization=r.quantization, max_num_seqs=r.max_num_seqs or None,
-                            max_model_len=context_length(model), seed=cfg.run.seed, start_timeout_s=r.engine_timeout_s,
-                            generate_timeout_s=r.engine_timeout_s, extra=dict(r.engine_kwargs),
-                            dtype=COMPUTE_DTYPES[cfg.learner.precision],
+    factory = ENGINES.get(engine.name)
+    options = EngineOptions(quantization=engine.quantization, max_num_seqs=engine.max_num_seqs or None,
+                            max_model_len=context_length(model), seed=engine.seed, start_timeout_s=engine.timeout_s,
+                            generate_timeout_s=engine.timeout_s, extra=dict(engine.kwargs),
+                            dtype=COMPUTE_DTYPES[engine.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
-    with phase(f"starting rollout engine {r.engine}"):
+    with phase(f"starting rollout engine {engine.name}"):
         return factory(model, tokenizer, options)
 
 
@@ -210,13 +191,13 @@ TOY_PARAMETERS = 10_000_000  # below this a model is a toy (the built-in tiny on
 LEARNING_RATES = {"toy": 2e-4, "full": 1e-6, "lora": 1e-5}
 
 
-def learning_rate(cfg: Config, model: torch.nn.Module) -> float:
+def learning_rate(opt: OptimizerPlan, model: torch.nn.Module) -> float:
     """``learner.lr``, or when unset the one that fits the model (a rate tuned on the 0.34M built-in model damages
     a real one within steps): toy, full fine-tuning or LoRA, said once on stderr for a real model."""
-    if cfg.learner.lr is not None:
-        return cfg.learner.lr
+    if opt.lr is not None:
+        return opt.lr
     size = sum(p.numel() for p in model.parameters())
-    kind = "toy" if size < TOY_PARAMETERS else "lora" if cfg.learner.lora_rank else "full"
+    kind = "toy" if size < TOY_PARAMETERS else "lora" if opt.lora else "full"
     follower = torch.distributed.is_initialized() and torch.distributed.get_rank() > 0
     if kind != "toy" and not follower:
         what = "LoRA adapters" if kind == "lora" else "full fine-tuning"
@@ -225,17 +206,15 @@ def learning_rate(cfg: Config, model: torch.nn.Module) -> float:
     return LEARNING_RATES[kind]
 
 
-def build_optimizer(cfg: Config, model):
+def build_optimizer(opt: OptimizerPlan, model):
     """AdamW with linear warm-up then constant / cosine / linear decay (per optimizer step)."""
-    lr = cfg.learner
-    warmup, schedule = lr.warmup_steps, lr.lr_schedule
-    total = cfg.run.max_steps * cfg.algo.updates_per_batch
+    warmup, schedule, total = opt.warmup_steps, opt.schedule, opt.total_steps
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel (CPU and CUDA) updates each tensor in one pass: no temporary copy of every parameter
     # (the foreach path's peak) and several times faster on a CPU; elsewhere the foreach path.
     kernel = {"fused": True} if params and params[0].device.type in ("cpu", "cuda") else {"foreach": True}
-    optimizer = torch.optim.AdamW(params, lr=learning_rate(cfg, model), weight_decay=lr.weight_decay,
-                                  betas=(lr.adam_beta1, lr.adam_beta2), **kernel)
+    optimizer = torch.optim.AdamW(params, lr=learning_rate(opt, model), weight_decay=opt.weight_decay,
+                                  betas=opt.betas, **kernel)
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -260,16 +239,15 @@ class WorkerParts:
     device: str  # where the worker's engine runs (and the collective weight sync receives)
 
 
-def build_rollout_worker(config: dict) -> WorkerParts:
-    """A Ray rollout worker's parts, in its own process, from the run's config (the weights come with sync). A vLLM
+def build_rollout_worker(role: RolloutRolePlan) -> WorkerParts:
+    """A Ray rollout worker's parts, in its own process, from its role's plan (the weights come with sync). A vLLM
     worker's copy of the policy is only what vLLM is started from and synced through (vLLM holds its own weights):
     it stays in host memory, never beside vLLM on the GPU."""
     from grpoplus.learner.replay import check_replay
 
-    cfg = build_config(base=config)
-    build_process(cfg)
-    device = process_device(cfg)
-    model, tokenizer = build_policy(cfg, "cpu" if cfg.rollout.engine == "vllm" else device, trains=False)
-    moe = check_replay(cfg.algo.routing_replay, model) is not None  # the sampler's routing, as in one process
-    return WorkerParts(model, build_engine(cfg, model, tokenizer, record_routing=moe), cfg.run.release_memory != "off",
+    build_process(role.process)
+    device = role.process.own_device
+    model, tokenizer = build_policy(role.policy, "cpu" if role.host_copy else device, trains=False)
+    moe = check_replay(role.routing_replay, model) is not None  # the sampler's routing, as in one process
+    return WorkerParts(model, build_engine(role.engine, model, tokenizer, record_routing=moe), role.release_memory,
                        device)

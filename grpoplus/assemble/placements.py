@@ -18,6 +18,7 @@ import torch
 from grpoplus.assemble.factories import build_collector, build_engine, build_rollout_worker, reward_weights
 from grpoplus.assemble.learner import RANK_BUILDERS, build_learner_rank_parts
 from grpoplus.config import Config
+from grpoplus.plan.run import LearnerRolePlan, RunPlan
 from grpoplus.prompts import PromptSampler
 
 
@@ -42,41 +43,42 @@ class Collection:
     generator: torch.Generator
 
 
-def place_local(cfg: Config, model: torch.nn.Module, tokenizer, scorer, collection: Collection,
+def place_local(plan: RunPlan, model: torch.nn.Module, tokenizer, scorer, collection: Collection,
                 replay: bool) -> Roles:
     """One process, or rank 0 of the local learner ranks; ``replay``: the policy is an MoE routed by its sampler."""
     from grpoplus.distributed.learner import Learner
 
-    group, launcher = start_learner_group(cfg)
+    cfg, role, engine_plan = plan.config, plan.learner, plan.rollout.engine
+    group, launcher = start_learner_group(role)
     try:
-        parts, plan = build_learner_rank_parts(cfg, model, group, reward_weights(scorer.pipeline.components))
+        parts, update = build_learner_rank_parts(role, model, group, reward_weights(scorer.pipeline.components))
         policy = parts.policy  # a plain module holding the whole policy: what the engines sample with
-        engine = build_engine(cfg, policy, tokenizer, record_routing=replay)
+        engine = build_engine(engine_plan, policy, tokenizer, record_routing=replay)
         if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
             collector = _collector(cfg, engine, scorer, collection)
             targets = (engine,)
         else:  # sampling runs ahead of the learner on its own copy of the policy
             from grpoplus.distributed.staleness import SnapshotEngine
 
-            sampling = SnapshotEngine(build_engine(cfg, copy.deepcopy(policy), tokenizer, record_routing=replay))
+            sampling = SnapshotEngine(build_engine(engine_plan, copy.deepcopy(policy), tokenizer, record_routing=replay))
             collector = _collector(cfg, sampling, scorer, collection)
             targets = (engine, collector)
     except BaseException:
         if launcher is not None:
             launcher.close()
         raise
-    return Roles(engine, scorer, collector, Learner(parts, cfg.algo, plan, group, targets, launcher=launcher))
+    return Roles(engine, scorer, collector, Learner(parts, role.algo, update, group, targets, launcher=launcher))
 
 
-def start_learner_group(cfg: Config):
+def start_learner_group(role: LearnerRolePlan):
     """(group, launcher): None, None for one learner rank; else this process joins as rank 0 of
     ``learner.data_parallel`` ranks on this machine (started here: the launcher) or under torchrun."""
     from grpoplus.distributed.group import RankGroup
     from grpoplus.distributed.local import start_ranks
 
-    if cfg.learner.data_parallel == 1:
+    if role.ranks == 1:
         return None, None
-    rendezvous, ranks = start_ranks(cfg, RANK_BUILDERS)
+    rendezvous, ranks = start_ranks(role, RANK_BUILDERS)
     try:
         group = RankGroup.join(rendezvous)
     except BaseException:
@@ -88,7 +90,7 @@ def start_learner_group(cfg: Config):
     return group, ranks
 
 
-def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collection: Collection) -> Roles:
+def place_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collection: Collection) -> Roles:
     """cluster=ray: rollout workers, the learner group and reward scoring as Ray actors and tasks."""
     import ray
 
@@ -99,13 +101,14 @@ def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collectio
     from grpoplus.distributed.ray_scoring import RayScorer
     from grpoplus.sync import ObjectStore, cpu_state_dict
 
+    cfg = plan.config
     r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
     cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
     gpu = lrn.device.startswith("cuda")
     cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
                          f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
-    config, weights = cfg.to_dict(), ray.put(cpu_state_dict(model))
-    engine = RayRolloutEngine(config, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id,
+    weights = ray.put(cpu_state_dict(model))
+    engine = RayRolloutEngine(plan.rollout, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id,
                               build_rollout_worker, seed=cfg.run.seed, gpu=gpu, max_restarts=rc.max_restarts,
                               timeout_s=r.engine_timeout_s, start_timeout_s=rc.timeout_s,
                               collective=rc.weight_sync == "collective")
@@ -113,7 +116,7 @@ def place_on_ray(cfg: Config, task, model: torch.nn.Module, tokenizer, collectio
     scorer = RayScorer(components, collection.train, cfg.data.reward_workers, cfg.data.reward_timeout_s, rc.timeout_s)
     collector = _collector(cfg, engine, scorer, collection)
     targets = (engine,) if r.max_staleness == 0 else (collector,)
-    learner = RayLearnerGroup(config, weights, lrn.data_parallel, targets, reward_weights(components), RANK_BUILDERS,
+    learner = RayLearnerGroup(plan.learner, weights, lrn.data_parallel, targets, reward_weights(components), RANK_BUILDERS,
                               gpu=gpu, timeout_s=rc.timeout_s)
     if rc.weight_sync == "collective":
         learner.form_weight_sync(engine.actors, lrn.collective_timeout_s)

@@ -139,6 +139,25 @@ def _packages(cfg: Config) -> None:
     _check_packages(cfg)
 
 
+@rule("routing_replay")
+def _routing_replay(cfg: Config) -> None:
+    """Routing replay has its routing to replay: R2 records the learner's in the logp_old pass (not the sampler's
+    logp_roll), R3 needs an engine that returns the sampler's."""
+    from grpoplus.rollout import ENGINES
+
+    replay = cfg.algo.routing_replay
+    if replay == "r2" and cfg.learner.logp_old == "rollout":
+        raise ValueError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
+                         "learner.logp_old=rollout takes pi_old from the sampler: set learner.logp_old=auto, or "
+                         "replay the sampler's routing with algo.routing_replay=r3")
+    if replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
+        return
+    able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
+    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+                     f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
+                     f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
+
+
 @rule("sampling_and_rewards")
 def _sampling_and_rewards(cfg: Config) -> None:
     """Reward workers, top_p, temperature and the learning rate are in range."""

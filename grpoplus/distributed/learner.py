@@ -60,8 +60,8 @@ class RankBuilders(NamedTuple):
     """How a learner rank's own process builds itself; the build layer hands them to the learner roles
     (:mod:`grpoplus.assemble.learner`), which never import it."""
 
-    model: Callable  # (config dict, device or None, rank) -> (Config, policy or None), before the rank joins its group
-    parts: Callable  # (Config, policy or None, group or None, reward weights) -> (LearnerParts, LearnerPlan), after
+    model: Callable  # (LearnerRolePlan, device or None, rank) -> policy or None, before the rank joins its group
+    parts: Callable  # (LearnerRolePlan, policy or None, group or None, reward weights) -> (LearnerParts, LearnerPlan)
 
 
 class Learner:

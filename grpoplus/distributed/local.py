@@ -13,19 +13,19 @@ import multiprocessing
 import os
 import sys
 
-from grpoplus.config import Config
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
 from grpoplus.distributed.learner import RankBuilders, follow
+from grpoplus.plan.run import LearnerRolePlan
 
 
-def torchrun_follower(cfg: Config) -> bool:
+def torchrun_follower(ranks: int) -> bool:
     """True in a rank > 0 that torchrun (or any env:// launcher) started; every rank checks that
-    torchrun started as many ranks as ``learner.data_parallel`` asks for."""
+    torchrun started as many ranks as ``learner.data_parallel`` (``ranks``) asks for."""
     if "WORLD_SIZE" not in os.environ:
         return False
-    if int(os.environ["WORLD_SIZE"]) != cfg.learner.data_parallel:
+    if int(os.environ["WORLD_SIZE"]) != ranks:
         raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but learner.data_parallel="
-                         f"{cfg.learner.data_parallel}: give the same number to both (--nproc_per_node x --nnodes "
+                         f"{ranks}: give the same number to both (--nproc_per_node x --nnodes "
                          "= learner.data_parallel)")
     return int(os.environ.get("RANK", "0")) > 0
 
@@ -35,22 +35,21 @@ def rank_device(device: str, local_rank: int) -> str:
     return f"cuda:{local_rank}" if device == "cuda" else device
 
 
-def start_ranks(cfg: Config, builders: RankBuilders) -> tuple[Rendezvous, "LocalRanks | None"]:
-    """Rank 0's rendezvous; ranks 1..N-1 are started here (each building itself with ``builders``) unless
-    torchrun started them."""
-    world, lrn = cfg.learner.data_parallel, cfg.learner
+def start_ranks(role: LearnerRolePlan, builders: RankBuilders) -> tuple[Rendezvous, "LocalRanks | None"]:
+    """Rank 0's rendezvous; ranks 1..N-1 are started here (each building itself from its ``role`` plan with
+    ``builders``) unless torchrun started them."""
+    world, device, timeout_s = role.ranks, role.process.device, role.collective_timeout_s
     if "WORLD_SIZE" in os.environ:  # torchrun started the ranks (torchrun_follower checked their number)
-        return Rendezvous("env://", 0, world, rank_device(lrn.device, int(os.environ.get("LOCAL_RANK", "0"))),
-                          lrn.collective_timeout_s), None
+        return Rendezvous("env://", 0, world, rank_device(device, int(os.environ.get("LOCAL_RANK", "0"))),
+                          timeout_s), None
     init = f"tcp://127.0.0.1:{free_port()}"
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of a process holding threads
     procs = [ctx.Process(target=run_follower,
-                         args=(cfg.to_dict(), Rendezvous(init, r, world, rank_device(lrn.device, r),
-                                                         lrn.collective_timeout_s), builders),
+                         args=(role, Rendezvous(init, r, world, rank_device(device, r), timeout_s), builders),
                          name=f"grpoplus-learner-rank{r}", daemon=True) for r in range(1, world)]
     for proc in procs:
         proc.start()
-    return Rendezvous(init, 0, world, rank_device(lrn.device, 0), lrn.collective_timeout_s), LocalRanks(procs)
+    return Rendezvous(init, 0, world, rank_device(device, 0), timeout_s), LocalRanks(procs)
 
 
 class LocalRanks:
@@ -72,22 +71,21 @@ class LocalRanks:
                 proc.join()
 
 
-def follow_torchrun(cfg: Config, builders: RankBuilders) -> None:
+def follow_torchrun(role: LearnerRolePlan, builders: RankBuilders) -> None:
     """A torchrun rank > 0: build the learner parts and follow rank 0 until it stops."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    run_follower(cfg.to_dict(), Rendezvous("env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                                           rank_device(cfg.learner.device, local_rank),
-                                           cfg.learner.collective_timeout_s), builders)
+    run_follower(role, Rendezvous("env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                                  rank_device(role.process.device, local_rank), role.collective_timeout_s), builders)
 
 
-def run_follower(config: dict, rendezvous: Rendezvous, builders: RankBuilders) -> None:
+def run_follower(role: LearnerRolePlan, rendezvous: Rendezvous, builders: RankBuilders) -> None:
     """Entry point of a follower rank: its policy, the group, its parts, rank 0's commands until stop."""
     try:
-        cfg, model = builders.model(config, rendezvous.device, rendezvous.rank)
+        model = builders.model(role, rendezvous.device, rendezvous.rank)
         group = RankGroup.join(rendezvous)
         try:
-            parts, plan = builders.parts(cfg, model, group)
-            follow(parts, cfg.algo, plan, group)
+            parts, plan = builders.parts(role, model, group)
+            follow(parts, role.algo, plan, group)
         finally:
             group.close()
     except RoleError as err:

@@ -21,6 +21,7 @@ from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
 from grpoplus.distributed.learner import Learner, RankBuilders, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
+from grpoplus.plan.run import LearnerRolePlan
 from grpoplus.sync import Collective, ObjectStore, cpu_state_dict
 
 
@@ -28,12 +29,13 @@ from grpoplus.sync import Collective, ObjectStore, cpu_state_dict
 class LearnerRank:
     """One learner rank: its parts, and (rank 0) the learner the driver calls."""
 
-    def __init__(self, config: dict, weights: dict | None, rank: int, world: int, rewards: tuple, builders: RankBuilders):
+    def __init__(self, role: LearnerRolePlan, weights: dict | None, rank: int, world: int, rewards: tuple,
+                 builders: RankBuilders):
         # Ray gives the actor its GPU as cuda:0; a sharded learner's ranks but 0 take only their shards, in join
-        self.cfg, self.model = builders.model(config, None, rank)
+        self.role, self.model = role, builders.model(role, None, rank)
         if weights is not None:
             self.model.load_state_dict(weights)
-        self.device = "cuda" if self.cfg.learner.device.startswith("cuda") else self.cfg.learner.device
+        self.device = role.process.own_device
         self.rank, self.world, self.rewards, self.builders, self.learner = rank, world, rewards, builders, None
 
     def address(self) -> str:
@@ -44,16 +46,16 @@ class LearnerRank:
         group = None
         if self.world > 1:
             group = RankGroup.join(Rendezvous(init_method, self.rank, self.world, self.device,
-                                              self.cfg.learner.collective_timeout_s))
-        self.parts, self.plan = self.builders.parts(self.cfg, self.model, group, self.rewards)
+                                              self.role.collective_timeout_s))
+        self.parts, self.plan = self.builders.parts(self.role, self.model, group, self.rewards)
         if self.rank == 0:
-            self.learner = Learner(self.parts, self.cfg.algo, self.plan, group)
+            self.learner = Learner(self.parts, self.role.algo, self.plan, group)
         else:
             self.group = group
 
     def follow(self) -> None:
         try:
-            follow(self.parts, self.cfg.algo, self.plan, self.group)
+            follow(self.parts, self.role.algo, self.plan, self.group)
         finally:
             self.group.close()
 
@@ -84,14 +86,14 @@ class RayLearnerGroup:
     """The learner role as the trainer sees it (``learn``, ``publish``, ``save``, ``load``, ``close``),
     over N :class:`LearnerRank` actors."""
 
-    def __init__(self, config: dict, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple,
+    def __init__(self, role: LearnerRolePlan, weights: "ray.ObjectRef", ranks: int, targets: tuple, rewards: tuple,
                  builders: RankBuilders, *, gpu: bool, timeout_s: float):
         self.targets, self.timeout_s = targets, timeout_s
         self.broadcast: Broadcast | None = None  # set by form_weight_sync (ray.weight_sync=collective)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.actors = [LearnerRank.options(max_restarts=0, **role_resources(gpu),
                                            scheduling_strategy=here if rank == 0 else "DEFAULT")
-                       .remote(config, weights if rank == 0 else None, rank, ranks, rewards, builders)
+                       .remote(role, weights if rank == 0 else None, rank, ranks, rewards, builders)
                        for rank in range(ranks)]  # the other ranks take rank 0's weights when the group forms
         addresses = [actor.address.remote() for actor in self.actors]
         init = [self._wait(ref, rank, "starting (building its model and optimizer)")

@@ -32,6 +32,7 @@ from grpoplus.distributed.group import first_line
 from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
 from grpoplus.distributed.weight_sync import WeightGroup, cannot_restart
 from grpoplus.models.memory import give_back_freed_memory
+from grpoplus.plan.run import RolloutRolePlan
 from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_source, cpu_state_dict
 
 
@@ -39,8 +40,8 @@ from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_sour
 class RolloutWorker:
     """One rollout engine on its own copy of the policy."""
 
-    def __init__(self, config: dict, build):
-        parts = build(config)  # grpoplus.assemble.factories.build_rollout_worker; the weights come with sync()
+    def __init__(self, role: RolloutRolePlan, build):
+        parts = build(role)  # grpoplus.assemble.factories.build_rollout_worker; the weights come with sync()
         self.model, self.engine, self.release_memory, self.device = parts.model, parts.engine, parts.release_memory, \
             parts.device
 
@@ -77,14 +78,14 @@ class RayRolloutEngine:
     broadcast of ``collective`` weight sync; workers take them before their next request.
     """
 
-    def __init__(self, config: dict, weights: ObjectStore, workers: int, engine: str, pad_id: int, build, *,
+    def __init__(self, role: RolloutRolePlan, weights: ObjectStore, workers: int, engine: str, pad_id: int, build, *,
                  seed: int, gpu: bool, max_restarts: int, timeout_s: float, start_timeout_s: float, collective: bool = False):
         self.name, self.pad_id, self.seed = f"{engine} on {workers} Ray rollout workers", pad_id, seed
         self.timeout_s, self.start_timeout_s, self.collective = timeout_s, start_timeout_s, collective
         self.max_restarts = 0 if collective else max_restarts  # a restarted worker cannot rejoin the broadcast group
         self._busy = threading.Lock()  # held by a request: a broadcast waits for the one in flight (bounded staleness)
         self.actors = [RolloutWorker.options(max_restarts=self.max_restarts, max_task_retries=0, **role_resources(gpu))
-                       .remote(config, build) for _ in range(workers)]
+                       .remote(role, build) for _ in range(workers)]
         self.restarts = 0
         self.sync_weights(weights, 0)  # self._weights: the newest, sent again to a restarted worker
         for i, actor in enumerate(self.actors):

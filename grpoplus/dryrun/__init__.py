@@ -20,6 +20,7 @@ from grpoplus.dryrun.roles import Role, machine_needs, plan_roles, warnings
 from grpoplus.dryrun.sizes import ModelSize, model_size
 from grpoplus.dryrun.tokens import Tokens, token_budget
 from grpoplus.needs import collecting
+from grpoplus.plan import RunPlan, resolve
 
 
 @dataclass
@@ -28,6 +29,7 @@ class DryRun:
 
     config: Config
     config_yaml: str  # what the run would save as RUN/config.yaml
+    plan: RunPlan  # what the run decides from it, as the assembly receives it
     roles: list[Role]
     policy: ModelSize
     teacher: ModelSize | None  # a local teacher (an endpoint's model is not on this run's devices)
@@ -54,7 +56,7 @@ def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
     spec = cfg.learner.teacher
     teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
     tokens = token_budget(cfg)
-    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), plan_roles(cfg), policy, teacher,
+    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), resolve(cfg), plan_roles(cfg), policy, teacher,
                   estimate_memory(cfg, policy, teacher, tokens), tokens,
                   list(needs or []) + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
 

@@ -19,6 +19,7 @@ NOT_COUNTED = ("memory per device (estimate: weights, gradients, AdamW state, re
 def render(run: DryRun) -> str:
     lines = [HEADER, "", "resolved config (what RUN/config.yaml would hold):"]
     lines += [f"  {line}" for line in run.config_yaml.splitlines()]
+    lines += ["", "decided from it (grpoplus.plan.resolve):"] + _decided(run)
     lines += ["", "roles:"] + [f"  {role.name:<10} {role.where}" for role in run.roles]
     lines += ["", "models:", _model("policy", run.policy)]
     if run.teacher is not None:
@@ -29,6 +30,23 @@ def render(run: DryRun) -> str:
     lines += [f"  - {need}" for need in run.needs] or ["  none"]
     lines += ["", "notes:"] + ([f"  - {note}" for note in run.notes] or ["  none"])
     return "\n".join(lines)
+
+
+LOGP_OLD = {"forward": "the training forward's own log-probs (no extra pass)",
+            "recompute": "a no-grad learner pass before the update", "rollout": "the sampler's log-probs"}
+REFERENCE = {"none": "none (beta = 0)", "copy": "a frozen copy of the policy",
+             "adapters_off": "the policy with its LoRA adapters off (no copy)"}
+
+
+def _decided(run: DryRun) -> list[str]:
+    lrn, where = run.plan.learner, run.plan.placement
+    update = lrn.update
+    memory = ("freed memory back to the system after each update" if update.release_after_update else "kept") + \
+        (f" and every {update.trim_every} layers of the backward" if update.trim_every else "")
+    return [f"  pi_old     {LOGP_OLD[update.logp_old]}", f"  reference  {REFERENCE[lrn.reference]}",
+            f"  learner    {where.ranks} rank(s), training state "
+            f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
+            f"  memory     {memory}"]
 
 
 def _model(role: str, size: ModelSize) -> str:

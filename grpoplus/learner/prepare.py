@@ -4,7 +4,7 @@ In the order of ALGORITHMS.md: the learner's forwards that must precede the upda
 (``logp_old`` and entropy when something needs them first, ``logp_ref`` when ``beta > 0``),
 KL in the reward, advantages (over GFPO's kept responses), then the loss-mask filters
 (overlong filtering, the high-entropy mask). Where ``pi_old`` comes from is decided once,
-by :func:`logp_old_mode`, and carried in the :class:`LearnerPlan`. For an MoE policy the
+by the run's plan (:func:`grpoplus.plan.run.logp_old_mode`), and carried in the :class:`LearnerPlan`. For an MoE policy the
 batch carries the routing its training forwards replay or are measured against
 (:mod:`grpoplus.learner.replay`).
 """
@@ -56,36 +56,13 @@ class LearnerPlan:
             raise ValueError(f"routing_replay={self.routing_replay} needs an MoE policy (routing_spec), got None")
         if self.routing_replay == "r2" and self.logp_old != "recompute":
             raise ValueError(f"routing_replay=r2 records the routing in the logp_old recompute pass; "
-                             f"logp_old={self.logp_old!r} has none (logp_old_mode forces recompute)")
+                             f"logp_old={self.logp_old!r} has none (the plan forces recompute)")
         if self.gradient_checkpointing and self.routing_replay != "off":
             raise ValueError("gradient_checkpointing recomputes layers in backward, outside the routing replay")
 
     @property
     def logp_old_from_forward(self) -> bool:
         return self.logp_old == "forward"
-
-
-def logp_old_mode(algo: A.AlgoConfig, source: str, uses_reference: bool) -> str:
-    """Where pi_old's log-probs come from.
-
-    ``source`` is the config's choice: ``rollout`` (the sampler's logp_roll), ``recompute`` (a
-    separate no-grad learner pass) or ``auto``: the training forward's own detached log-probs
-    (``forward``) when they are exactly pi_old - one update per batch, so the weights are still
-    pi_old - and nothing needs them before the update (a correction, the entropy mask, a loss's
-    token selection, KL in the reward); otherwise ``recompute``. Routing replay R2 records the
-    learner's routing in the ``recompute`` pass, so it forces that pass.
-    """
-    if algo.routing_replay == "r2":
-        if source == "rollout":
-            raise ValueError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
-                             "learner.logp_old=rollout takes pi_old from the sampler: set learner.logp_old=auto, or "
-                             "replay the sampler's routing with algo.routing_replay=r3")
-        return "recompute"
-    if source in ("rollout", "recompute"):
-        return source
-    needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or A.needs_token_selection(algo) or (
-        uses_reference and algo.kl_placement == "in_reward") or algo.uses_teacher  # opd: kl = logp_old - logp_T
-    return "forward" if algo.updates_per_batch == 1 and not needed_before else "recompute"
 
 
 def forward_sharing(plan: LearnerPlan) -> bool | str:
@@ -136,7 +113,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         old_routing = old_pass_routing(model, r, plan)
         logp_old, entropy = hooks.score(lambda rows: learner_logprobs(model, rows, plan, with_entropy=True,
                                                                       routing=old_routing), r)
-        if plan.routing_replay == "r2":  # logp_old_mode: R2 always has this pass
+        if plan.routing_replay == "r2":  # the plan's logp_old_mode: R2 always has this pass
             routing = old_routing.natural
     if plan.logp_old == "rollout":
         logp_old = r.logp_roll.clone()
@@ -146,7 +123,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         with adapters_off(model):
             logp_ref, _ = learner_logprobs(model, r, plan, with_entropy=False)
     rewards, metrics = scored.rewards, {}
-    if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old is recomputed (logp_old_mode)
+    if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old is recomputed (the plan's logp_old_mode)
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
         metrics["reward/kl_penalty_mean"] = float((scored.rewards - rewards).mean())
     keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric) if algo.gfpo_keep else None

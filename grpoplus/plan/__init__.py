@@ -1,3 +1,8 @@
-"""What a config decides, derived once: the values and predicates every layer acts on (the assembly, the roles, the
-dry run). Loads no weight and starts no process. :mod:`~grpoplus.plan.placement`: where each role runs and which copy
-of the policy it holds."""
+"""What a config decides, derived once: :func:`resolve` turns a validated config into a frozen :class:`RunPlan`
+(:mod:`~grpoplus.plan.run`): every derived value, where each role runs and which copy of the policy it holds
+(:mod:`~grpoplus.plan.placement`), and each role's own plan, which is all a learner rank's or a Ray actor's process
+receives. The assembly builds the run from it; the dry run renders it. Loads no weight and starts no process."""
+
+from grpoplus.plan.run import LearnerRolePlan, RolloutRolePlan, RunPlan, resolve
+
+__all__ = ["LearnerRolePlan", "RolloutRolePlan", "RunPlan", "resolve"]

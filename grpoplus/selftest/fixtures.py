@@ -78,8 +78,10 @@ def optimizer(model: torch.nn.Module):
     constant."""
     from grpoplus.assemble.factories import build_optimizer
     from grpoplus.config import build_config
+    from grpoplus.plan import resolve
 
-    return build_optimizer(build_config(overrides=[f"lr={LR}", "lr_schedule=constant", "warmup_steps=0"]), model)
+    cfg = build_config(overrides=[f"lr={LR}", "lr_schedule=constant", "warmup_steps=0"])
+    return build_optimizer(resolve(cfg).learner.optimizer, model)
 
 
 def nano_dir(path, seed: int = 0) -> str:

@@ -20,10 +20,11 @@ from grpoplus.containers import TrainBatch
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
 from grpoplus.distributed.placement import ReplicateHooks
 from grpoplus.learner.hooks import ONE_PROCESS
-from grpoplus.learner.prepare import LearnerPlan, logp_old_mode
+from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.update import update_policy
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.plan.run import logp_old_mode
 
 N, P, T = 16, 4, 6  # 4 groups of 4 responses
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum")
@@ -155,17 +156,18 @@ def sharded_start(group: RankGroup, model_dir: str, world: int) -> dict:
 
     from grpoplus.assemble.learner import build_learner_rank_parts, build_rank_model
     from grpoplus.config import build_config
+    from grpoplus.plan import resolve
 
     cores = os.sched_getaffinity
     os.sched_getaffinity = lambda pid: set(range(max(world, len(cores(pid)))))  # 3 ranks on a 2-core machine
     try:
         cfg = build_config(overrides=[f"model={model_dir}", f"data_parallel={world}", "strategy=fsdp2",
                                       "beta=0.02", "micro_batch_size=4", "threads=1"])
-        _, model = build_rank_model(cfg.to_dict(), "cpu", group.rank)
+        model = build_rank_model(resolve(cfg).learner, "cpu", group.rank)
     finally:
         os.sched_getaffinity = cores
     loaded = model is not None
-    parts, _ = build_learner_rank_parts(cfg, model, group)
+    parts, _ = build_learner_rank_parts(resolve(cfg).learner, model, group)
 
     def held(m) -> tuple[int, int, int, bool]:
         """(elements this rank holds, elements of the whole model, of a ceil(1/world) share of every tensor's rows,

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 
 from grpoplus.collect import collect
 from grpoplus.config import build_config
-from grpoplus.learner.prepare import LearnerPlan, logp_old_mode, prepare
+from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.update import update_policy
 from grpoplus.metrics import read_metrics
+from grpoplus.plan.run import logp_old_mode
 from grpoplus.trainer import train
 
 KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
@@ -87,12 +88,13 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     """train() equals the stages run by hand in the order of the synchronous loop (collect, prepare,
     update, sync), step for step: the default path is unchanged by the scale-out."""
     from grpoplus.assemble import assemble
+    from grpoplus.plan import resolve
 
     cfg = build_config("dapo", None, [f"model={nano_dir}", f"out={tmp_path / 'a'}", "max_steps=3", "eval_every=0",
                                       "save_every=0", "beta=0.01", *SMALL])
     records = train(cfg)
     assert any("loss/total" in r for r in records)  # some step trained: the comparison below is not vacuous
-    c = assemble(cfg)  # the same components again, driven by hand
+    c = assemble(resolve(cfg))  # the same components again, driven by hand
     p = c.learner.parts
     plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
                        logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed)

@@ -16,6 +16,7 @@ from grpoplus.assemble import assemble  # noqa: E402
 from grpoplus.config import build_config  # noqa: E402
 from grpoplus.distributed.group import RoleError, free_port  # noqa: E402
 from grpoplus.distributed.weight_sync import WeightGroup  # noqa: E402
+from grpoplus.plan import resolve  # noqa: E402
 from grpoplus.trainer import train, train_step  # noqa: E402
 
 TWO_WORKERS = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
@@ -41,7 +42,7 @@ def test_after_a_sync_every_worker_holds_learner_rank_0s_weights_and_version(nan
     # gathers the whole weights from both ranks' shards before it broadcasts them
     cfg = _config(nano_dir, tmp_path, "cluster=ray", "rollout.workers=2", "learner.data_parallel=2",
                   "ray.weight_sync=collective", f"learner.strategy={strategy}")
-    c = assemble(cfg)
+    c = assemble(resolve(cfg))
     try:
         before = ray.get(c.learner.actors[0].weights.remote())
         train_step(cfg, c, 1)  # collect, update, publish version 1

@@ -23,6 +23,7 @@ from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, ScoredGroups
 from grpoplus.distributed.learner import learn_step
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
+from grpoplus.plan import resolve
 from grpoplus.teacher.local import LocalTeacher
 
 N, P, T = 8, 4, 9
@@ -70,9 +71,9 @@ def _update(tok, overrides, scored, masks=None):
     moe = cfg.algo.routing_replay != "off"
     model = (tiny_moe_model if moe else tiny_model)(tok, size="moe" if moe else "nano", seed=0)
     torch.manual_seed(0)  # LoRA's initial A matrices
-    model = build_lora(cfg, model)
+    model = build_lora(resolve(cfg).lora, model)
     teacher, cfg.learner.teacher = cfg.learner.teacher, None  # a teacher is handed in, not loaded from a path
-    parts, plan = build_learner_parts(cfg, model), build_learner_plan(cfg, model)
+    parts, plan = build_learner_parts(resolve(cfg).learner, model), build_learner_plan(resolve(cfg).learner, model)
     if teacher is not None:
         parts.teacher = LocalTeacher(tiny_model(tok, size="nano", seed=1))
     learn_step(parts, copy.deepcopy(scored), 1, cfg.algo, plan)

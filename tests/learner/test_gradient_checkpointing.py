@@ -9,6 +9,7 @@ from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.plan import resolve
 from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -108,7 +109,7 @@ def test_a_training_step_is_the_same_with_checkpointing(tmp_path):
     for checkpointing in ("false", "true"):
         cfg = build_config("grpo", overrides=[f"out={tmp_path / checkpointing}", *common,
                                               f"gradient_checkpointing={checkpointing}"])
-        c = assemble(cfg)
+        c = assemble(resolve(cfg))
         try:
             metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
             runs.append((metrics, {n: p.detach().clone() for n, p in c.learner.parts.model.named_parameters()}))

@@ -10,6 +10,7 @@ from grpoplus.assemble import assemble
 from grpoplus.config import build_config
 from grpoplus.learner import precision as P
 from grpoplus.learner.logprobs import ChunkedHeadLogProb, response_logprobs
+from grpoplus.plan import resolve
 from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -73,7 +74,7 @@ def test_bf16_mixed_trains_float32_master_weights_close_to_fp32(tmp_path):
     runs = {}
     for precision in ("fp32", "bf16_mixed"):
         cfg = build_config("grpo", overrides=[*_common(tmp_path, precision), f"precision={precision}"])
-        c = assemble(cfg)
+        c = assemble(resolve(cfg))
         try:
             metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
             parts = c.learner.parts

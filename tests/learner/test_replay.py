@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.assemble.factories import check_engine_routing
 from grpoplus.config import build_config
+from grpoplus.config.rules import RULES
 from grpoplus.containers import Rollouts, SamplingParams, ScoredGroups
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.learner.prepare import LearnerPlan, logp_old_mode, prepare
+from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, check_replay, input_mask, moe_spec
 from grpoplus.learner.update import update_policy
 from grpoplus.models.routing import NATURAL, RoutingSpec, moe_routers, record_routing, routing_spec
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
+from grpoplus.plan.run import logp_old_mode
 from grpoplus.rollout.base import EngineOptions
 from grpoplus.rollout.hf import HFEngine
 
@@ -199,13 +200,12 @@ def test_bad_settings_are_refused_by_name(tok):
         check_replay("r2", dense)
     with pytest.raises(ValueError, match="no mixture-of-experts router"):
         HFEngine(dense, tok, EngineOptions(record_routing=True))
-    cfg = build_config("grpo", overrides=["routing_replay=r3"])
-    check_engine_routing(cfg)  # hf returns its routing
+    cfg = build_config("grpo", overrides=["routing_replay=r3"])  # hf returns its routing
     cfg.rollout.engine = "vllm"  # set after validation: the vllm package need not be installed here
     with pytest.raises(ValueError, match="rollout.engine=vllm does not return them.*engines that do: hf"):
-        check_engine_routing(cfg)
+        next(r for r in RULES if r.name == "routing_replay").fn(cfg)
     with pytest.raises(ValueError, match="learner.logp_old=rollout takes pi_old from the sampler"):
-        logp_old_mode(AlgoConfig(routing_replay="r2"), "rollout", False)
+        build_config("grpo", overrides=["routing_replay=r2", "logp_old=rollout"])
     assert logp_old_mode(AlgoConfig(routing_replay="r2"), "auto", False) == "recompute"  # R2 records in that pass
     with pytest.raises(ValueError, match="routing_replay.*is not valid; choose one of: off, r2, r3"):
         AlgoConfig(routing_replay="r4")

@@ -12,6 +12,7 @@ from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.trimming import trimmed_backward
+from grpoplus.plan import resolve
 from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -50,7 +51,7 @@ def test_trims_run_in_the_backward_every_few_layers_with_the_same_gradients(chec
 def test_only_eager_release_trims_in_the_backward(mode, every):
     torch.manual_seed(0)
     cfg = build_config(overrides=[f"release_memory={mode}"])
-    assert build_learner_plan(cfg, LlamaForCausalLM(LlamaConfig(**SMALL))).trim_every == every
+    assert build_learner_plan(resolve(cfg).learner, LlamaForCausalLM(LlamaConfig(**SMALL))).trim_every == every
 
 
 @pytest.mark.parametrize("mode, expected", [("phases", ["rollout", "update"]), ("eager", ["rollout", "update"]),
@@ -66,7 +67,7 @@ def test_phases_give_back_after_the_rollout_and_on_the_learner_rank_after_the_up
     cfg = build_config("grpo", overrides=[f"out={tmp_path}", "prompts_per_step=4", "group_size=4", "max_new_tokens=8",
                                           "eval_size=4", "progress=false", "loggers=[]", "doctor_every=0", "threads=1",
                                           f"release_memory={mode}"])
-    c = assemble(cfg)
+    c = assemble(resolve(cfg))
     try:
         metrics, _ = train_step(cfg, c, 1)
     finally:

@@ -18,6 +18,7 @@ from grpoplus.models import memory
 from grpoplus.models.load import load_policy
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.plan import resolve
 
 
 @pytest.fixture
@@ -87,11 +88,11 @@ def test_dirs_that_are_not_models_are_named(writable_nano_dir):
 def test_chat_task_needs_a_tokenizer_with_a_chat_template(writable_nano_dir, tmp_path):
     common = [f"out={tmp_path / 'run'}", "task=wordproblems"]
     with pytest.raises(ValueError, match="pass --model"):  # the built-in tiny model: refused before its warm start
-        build_task_and_model(build_config(overrides=common))
+        build_task_and_model(resolve(build_config(overrides=common)))
     with pytest.raises(ValueError, match="has no chat template"):
-        build_task_and_model(build_config(overrides=[*common, f"model={writable_nano_dir}"]))
-    task, train, *_ = build_task_and_model(build_config(overrides=[*common, f"model={writable_nano_dir}",
-                                                                   "chat_template=false"]))
+        build_task_and_model(resolve(build_config(overrides=[*common, f"model={writable_nano_dir}"])))
+    task, train, *_ = build_task_and_model(resolve(build_config(overrides=[*common, f"model={writable_nano_dir}",
+                                                                           "chat_template=false"])))
     assert train[0].prompt.endswith("'#### <number>'.")  # the raw question, as asked
 
 

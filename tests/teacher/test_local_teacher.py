@@ -170,6 +170,7 @@ def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batch
     from grpoplus.assemble.learner import build_learner_parts, build_learner_plan
     from grpoplus.containers import ScoredGroups
     from grpoplus.distributed.learner import learn_step
+    from grpoplus.plan import resolve
 
     rewards = torch.randn(len(rollouts.texts), generator=torch.Generator().manual_seed(2))
     scored = ScoredGroups(rollouts, rewards, rewards > 0, {})
@@ -179,7 +180,7 @@ def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batch
                                               f"aggregation={aggregation}", f"micro_batch_size={micro}"])
         cfg.learner.teacher = None  # the teacher is handed in below, not loaded
         student = tiny_model(tok, size="nano", seed=0)
-        parts, plan = build_learner_parts(cfg, student), build_learner_plan(cfg, student)
+        parts, plan = build_learner_parts(resolve(cfg).learner, student), build_learner_plan(resolve(cfg).learner, student)
         parts.teacher = LocalTeacher(tiny_model(tok, size="nano", seed=1))
         seen = {}
         parts.optimizer.step = lambda seen=seen, model=student: seen.update(

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpoplus.config import build_config
+from grpoplus.plan import resolve
 from grpoplus.plan.data import build_data
 from grpoplus.tasks import get_task
 
@@ -49,11 +50,14 @@ def test_the_learning_rate_follows_the_model_unless_given(capfd):
     # A rate tuned on the 0.34M built-in model damages a real one: toy 2e-4, full fine-tuning 1e-6, LoRA 1e-5.
     from grpoplus.assemble.factories import learning_rate
 
+    def rate(model, *overrides):
+        return learning_rate(resolve(build_config(overrides=list(overrides))).learner.optimizer, model)
+
     toy, real = torch.nn.Linear(10, 10), torch.nn.Embedding(12_000_000, 1)
-    assert learning_rate(build_config(), toy) == 2e-4 and capfd.readouterr().err == ""
-    assert learning_rate(build_config(), real) == 1e-6
-    assert learning_rate(build_config(overrides=["lora_rank=8"]), real) == 1e-5
+    assert rate(toy) == 2e-4 and capfd.readouterr().err == ""
+    assert rate(real) == 1e-6
+    assert rate(real, "lora_rank=8") == 1e-5
     assert capfd.readouterr().err.splitlines() == [
         "grpoplus: note: learner.lr=1e-06 (full fine-tuning of a 12M-parameter model; set learner.lr to choose)",
         "grpoplus: note: learner.lr=1e-05 (LoRA adapters of a 12M-parameter model; set learner.lr to choose)"]
-    assert learning_rate(build_config(overrides=["lr=3e-5"]), real) == 3e-5 and capfd.readouterr().err == ""
+    assert rate(real, "lr=3e-5") == 3e-5 and capfd.readouterr().err == ""

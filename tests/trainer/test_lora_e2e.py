@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from grpoplus.assemble import assemble
 from grpoplus.config import build_config
 from grpoplus.metrics import read_metrics
+from grpoplus.plan import resolve
 from grpoplus.trainer import train_step
 
 KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
@@ -34,7 +35,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tmp_path):
     # The built-in tiny model on arithmetic: it solves some problems, so advantages are not all zero.
     cfg = build_config("grpo", overrides=[f"out={tmp_path}", "threads=1", *SMALL, "beta=0.04", "num_minibatches=1",
                                           "max_new_tokens=8", "prompts_per_step=8"])
-    c = assemble(cfg)
+    c = assemble(resolve(cfg))
     try:
         parts = c.learner.parts
         trained = {id(p) for group in parts.optimizer.param_groups for p in group["params"]}

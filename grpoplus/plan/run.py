@@ -1,0 +1,261 @@
+"""A run's plan: :func:`resolve` turns a validated config into frozen data, every derived value decided once, and
+each role's own part of it (:class:`LearnerRolePlan` for a learner rank, :class:`RolloutRolePlan` for a rollout
+worker): what a role's process receives instead of the config. Loads no weight and starts no process; pickles (to
+spawned ranks and Ray actors) and renders to plain data (:meth:`RunPlan.to_dict`, the dry run's ``plan`` section)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from grpoplus import algo as A
+from grpoplus.algo import AlgoConfig
+from grpoplus.config import Config
+from grpoplus.models.memory import EAGER_TRIM_LAYERS
+from grpoplus.plan import placement as where
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each role runs (:mod:`grpoplus.plan.placement`'s predicates, evaluated once)."""
+
+    cluster: str  # local | ray
+    device: str  # learner.device as the driver names it
+    process_device: str  # a role's own process: one GPU per process is "cuda"
+    ranks: int  # learner ranks (learner.data_parallel)
+    sharded: bool  # the training state split over the ranks (fsdp2, several ranks)
+    shards: int  # how many ranks it is split over (1: whole on every rank)
+    whole_copy_in_host_memory: bool  # a sharded rank 0's whole copy kept in host memory
+    driver_copy_in_host_memory: bool  # the driver loads the policy into host memory
+    rollout_workers: int  # Ray rollout workers (cluster=ray)
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """Settings of every process of a run (the driver, a learner rank, a rollout worker)."""
+
+    seed: int
+    threads: int  # torch CPU threads (0: torch's default)
+    device: str
+    tf32: bool
+
+    @property
+    def own_device(self) -> str:
+        """The device as the role's own process names it: one GPU per process is ``cuda``."""
+        return "cuda" if self.device.startswith("cuda") else self.device
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """What to load as the policy: a model by name, or the built-in tiny model warm-started on ``task``."""
+
+    model: str | None
+    task: str | None  # the built-in task the tiny model is warm-started on (None: a data set's run)
+    difficulty: object
+    seed: int
+    eval_seed: int
+    lora: bool  # adapters are added after loading
+    shards: int  # ranks the training state is split over (the load check's count)
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    rank: int  # 0: full fine-tuning
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OptimizerPlan:
+    """AdamW and its schedule; ``lr`` None: the rate that fits the model (assemble.factories.learning_rate)."""
+
+    lr: float | None
+    lora: bool
+    weight_decay: float
+    betas: tuple[float, float]
+    warmup_steps: int
+    schedule: str
+    total_steps: int  # optimizer steps of the whole run
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How the learner prepares and updates, as the config decides it (the model adds its routing shape and the
+    reward pipeline its weights: :class:`grpoplus.learner.prepare.LearnerPlan`)."""
+
+    temperature: float
+    micro_batch_size: int
+    max_grad_norm: float
+    logp_old: str  # where pi_old comes from, decided here once (learner.prepare.logp_old_mode)
+    micro_batch_tokens: int
+    routing_replay: str
+    seed: int
+    reference_adapters_off: bool  # the reference is the policy with its LoRA adapters off
+    share_prompts: bool
+    gradient_checkpointing: bool
+    trim_every: int  # memory policy: freed memory back to the system every this many layers (0: never)
+    release_after_update: bool  # memory policy: and after each update
+    precision: str
+    sharded: bool
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """A rollout engine's settings (engine options come from here and the model's context length)."""
+
+    name: str
+    quantization: str | None
+    max_num_seqs: int
+    timeout_s: float
+    kwargs: tuple[tuple[str, object], ...]
+    precision: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class LearnerRolePlan:
+    """All a learner rank's process is told: what to load, how to train it, where it stands among the ranks."""
+
+    process: ProcessPlan
+    policy: PolicyPlan
+    optimizer: OptimizerPlan
+    update: UpdatePlan
+    algo: AlgoConfig
+    reference: str  # none | copy (a frozen copy of the policy) | adapters_off (the policy with LoRA off)
+    teacher: str | None  # learner.teacher: on-policy distillation's teacher
+    ranks: int
+    sharded: bool
+    host_copy: bool  # a sharded rank 0 keeps its whole copy in host memory
+    cpu_offload: bool
+    collective_timeout_s: float
+
+
+@dataclass(frozen=True)
+class RolloutRolePlan:
+    """All a rollout worker's process is told (cluster=ray); the weights come with each sync."""
+
+    process: ProcessPlan
+    policy: PolicyPlan
+    engine: EnginePlan
+    routing_replay: str
+    release_memory: bool  # freed memory back to the system after each request
+    host_copy: bool  # the worker's copy of the policy stays in host memory (vLLM holds its own weights)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
+    own part; the dry run renders it. ``config``: the user's validated settings (what the driver reads for the
+    task, the rewards and the collection)."""
+
+    config: Config
+    placement: Placement
+    learner: LearnerRolePlan
+    rollout: RolloutRolePlan
+    lora: LoraPlan
+
+    def to_dict(self) -> dict:
+        """Every derived decision as plain data (the config itself is in ``config.yaml``)."""
+        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name)))
+                for f in dataclasses.fields(self) if f.name != "config"}
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def resolve(cfg: Config) -> RunPlan:
+    """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
+    return RunPlan(cfg, placement(cfg), learner_role(cfg), rollout_role(cfg), lora_plan(cfg))
+
+
+def placement(cfg: Config) -> Placement:
+    return Placement(cfg.run.cluster, cfg.learner.device, where.process_device(cfg), cfg.learner.data_parallel,
+                     cfg.learner.sharded, where.shards(cfg), where.whole_copy_in_host_memory(cfg),
+                     where.driver_copy_in_host_memory(cfg), cfg.rollout.workers)
+
+
+def process_plan(cfg: Config) -> ProcessPlan:
+    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32)
+
+
+def policy_plan(cfg: Config) -> PolicyPlan:
+    d = cfg.data
+    return PolicyPlan(cfg.learner.model, d.task if d.data is None else None, d.difficulty, cfg.run.seed, d.eval_seed,
+                      cfg.learner.lora_rank > 0, where.shards(cfg))
+
+
+def lora_plan(cfg: Config) -> LoraPlan:
+    lrn = cfg.learner
+    return LoraPlan(lrn.lora_rank, lrn.lora_alpha, lrn.lora_dropout, tuple(lrn.lora_target_modules))
+
+
+def optimizer_plan(cfg: Config) -> OptimizerPlan:
+    lrn = cfg.learner
+    return OptimizerPlan(lrn.lr, lrn.lora_rank > 0, lrn.weight_decay, (lrn.adam_beta1, lrn.adam_beta2),
+                         lrn.warmup_steps, lrn.lr_schedule, cfg.run.max_steps * cfg.algo.updates_per_batch)
+
+
+def logp_old_source(cfg: Config) -> str:
+    """``learner.logp_old``, except that LoRA dropout makes the training forward stochastic: pi_old then
+    needs its own pass."""
+    lrn = cfg.learner
+    return "recompute" if lrn.lora_rank and lrn.lora_dropout > 0 and lrn.logp_old == "auto" else lrn.logp_old
+
+
+def logp_old_mode(algo: AlgoConfig, source: str, uses_reference: bool) -> str:
+    """Where pi_old's log-probs come from.
+
+    ``source`` is the config's choice: ``rollout`` (the sampler's logp_roll), ``recompute`` (a
+    separate no-grad learner pass) or ``auto``: the training forward's own detached log-probs
+    (``forward``) when they are exactly pi_old - one update per batch, so the weights are still
+    pi_old - and nothing needs them before the update (a correction, the entropy mask, a loss's
+    token selection, KL in the reward); otherwise ``recompute``. Routing replay R2 records the
+    learner's routing in the ``recompute`` pass, so it takes that pass (its refusal of ``rollout`` is the
+    config rule ``routing_replay``).
+    """
+    if algo.routing_replay == "r2" or source == "recompute":
+        return "recompute"
+    if source == "rollout":
+        return source
+    needed_before = bool(algo.corrections) or algo.entropy_mask_rho < 1.0 or A.needs_token_selection(algo) or (
+        uses_reference and algo.kl_placement == "in_reward") or algo.uses_teacher  # opd: kl = logp_old - logp_T
+    return "forward" if algo.updates_per_batch == 1 and not needed_before else "recompute"
+
+
+def update_plan(cfg: Config) -> UpdatePlan:
+    lrn, algo, memory = cfg.learner, cfg.algo, cfg.run.release_memory
+    return UpdatePlan(cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
+                      logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0), lrn.micro_batch_tokens,
+                      algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0, lrn.share_prompts,
+                      lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0, memory != "off",
+                      lrn.precision, lrn.sharded)
+
+
+def reference_kind(cfg: Config) -> str:
+    if cfg.algo.beta <= 0:
+        return "none"
+    return "adapters_off" if cfg.learner.lora_rank > 0 else "copy"
+
+
+def learner_role(cfg: Config) -> LearnerRolePlan:
+    lrn = cfg.learner
+    return LearnerRolePlan(process_plan(cfg), policy_plan(cfg), optimizer_plan(cfg), update_plan(cfg), cfg.algo,
+                           reference_kind(cfg), lrn.teacher, lrn.data_parallel, lrn.sharded,
+                           where.whole_copy_in_host_memory(cfg), lrn.cpu_offload, lrn.collective_timeout_s)
+
+
+def engine_plan(cfg: Config) -> EnginePlan:
+    r = cfg.rollout
+    return EnginePlan(r.engine, r.quantization, r.max_num_seqs, r.engine_timeout_s, tuple(dict(r.engine_kwargs).items()),
+                      cfg.learner.precision, cfg.run.seed)
+
+
+def rollout_role(cfg: Config) -> RolloutRolePlan:
+    return RolloutRolePlan(process_plan(cfg), policy_plan(cfg), engine_plan(cfg), cfg.algo.routing_replay,
+                           cfg.run.release_memory != "off", cfg.rollout.engine == "vllm")
