@@ -12,6 +12,7 @@ against the sampler's (off): ``moe/*`` metrics, :mod:`grpoplus.learner.replay`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -49,6 +50,46 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
     return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
+@dataclass
+class StepContext:
+    """What every micro-batch of one optimizer step shares: the model and how it is updated, the step's entropy
+    coefficient, the routing tally of an MoE policy, the placement's hooks and the teacher of ``algo.distill_loss``."""
+
+    model: torch.nn.Module
+    algo: AlgoConfig
+    plan: LearnerPlan
+    hooks: UpdateHooks = ONE_PROCESS
+    entropy_coef: float | None = None
+    tally: RoutingTally | None = None
+    teacher: torch.nn.Module | None = None
+
+    @property
+    def fused(self) -> bool:
+        """pi_old is this forward's own (detached) log-probs."""
+        return self.plan.logp_old_from_forward
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward's rows ``idx`` of the mini-batch, their loss mask and norm, and ``scale`` (0 for a rank's
+    stand-in, whose loss only keeps the collectives in step)."""
+
+    rows: TrainBatch
+    idx: torch.Tensor
+    loss_mask: torch.Tensor
+    norm: object
+    scale: float = 1.0
+
+
+@dataclass
+class Forward:
+    """What a training forward gives the loss terms."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    divergence: torch.Tensor | None = None  # [n, T] per-token divergence from the teacher (algo.distill_loss)
+
+
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
                    entropy_coef: float | None = None, generator: torch.Generator | None = None,
                    hooks: UpdateHooks = ONE_PROCESS, teacher: torch.nn.Module | None = None
@@ -61,26 +102,25 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     ``hooks``: the placement's (grpoplus.distributed.placement): with several learner ranks every rank
     holds the whole mini-batch and its global mask and norm, takes its share of whole micro-batches, and
     the gradients are summed over the ranks before clipping: the step one process would make.
-    ``teacher``: the teacher model of ``algo.distill_loss`` (its divergence is added to the loss).
+    ``teacher``: the teacher model of ``algo.distill_loss`` (its divergence is a term of the loss).
     Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
-    fused = plan.logp_old_from_forward
-    if fused != (batch.logp_old is None):
+    ctx = StepContext(model, algo, plan, hooks, entropy_coef,
+                      None if plan.routing_spec is None else RoutingTally(plan.routing_spec), teacher)
+    if ctx.fused != (batch.logp_old is None):
         raise ValueError(f"learner plan takes logp_old from {plan.logp_old!r} but the batch "
                          f"{'lacks' if batch.logp_old is None else 'carries'} logp_old")
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
                                    generator=generator)
-    tally = None if plan.routing_spec is None else RoutingTally(plan.routing_spec)
     optimizer.zero_grad(set_to_none=True)
     mine, standins = hooks.share(micro_batches(batch, plan))
     runs = [(idx, 1.0) for idx in mine] + [(idx, 0.0) for idx in standins]
     parts = []
     for i, (idx, scale) in enumerate(runs):
         with hooks.backward_scope(last=i == len(runs) - 1):
-            part = _micro_step(model, batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), algo, plan, fused,
-                               entropy_coef, tally, hooks, scale, teacher)
+            part = _micro_step(ctx, MicroBatch(batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), scale))
         if scale:
             parts.append(part)
-    parts, tally = hooks.gather(parts, tally)
+    parts, tally = hooks.gather(parts, ctx.tally)
     params = [p for p in model.parameters() if p.requires_grad]
     losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
     if algo.distill_loss == "off":
@@ -94,34 +134,47 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     out.update(losses)
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, _entropy(parts, batch.response_mask) if fused else None
+    return out, stepped, _entropy(parts, batch.response_mask) if ctx.fused else None
 
 
-def _micro_step(model, mb: TrainBatch, idx: torch.Tensor, loss_mask: torch.Tensor, norm, algo: AlgoConfig,
-                plan: LearnerPlan, fused: bool, entropy_coef: float | None, tally: RoutingTally | None,
-                hooks: UpdateHooks, scale: float = 1.0, teacher: torch.nn.Module | None = None) -> tuple:
-    """Forward and backward of the micro-batch of rows ``idx`` (its loss times ``scale``: 0 for a rank's
-    stand-in). Returns (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old
-    comes from this forward, else None)."""
-    if algo.distill_loss != "off":
-        logp, entropy, divergence = _distill_forward(model, teacher, mb, plan, hooks, algo, fused)
-    else:
-        logp, entropy = _forward(model, mb, plan, hooks, with_entropy=fused, entropy_grad=algo.entropy_bonus,
-                                 routing=training_routing(model, mb, plan, tally if scale else None))
-    logp_old = logp.detach() if fused else mb.logp_old  # same weights: exactly pi_old
-    loss, metrics = policy_loss(logp, logp_old, mb.advantages, loss_mask, algo,
-                                logp_roll=mb.logp_roll, logp_ref=mb.logp_ref, norm=norm,
-                                entropy=entropy if algo.entropy_bonus else None, entropy_coef=entropy_coef)
-    if algo.distill_loss != "off":  # section 11: the divergence aggregated like the policy term
-        m = loss_mask.to(divergence.dtype)
-        distill = algo.distill_coef * AGGREGATIONS.get(algo.aggregation)(divergence * m, m, norm)
-        loss = loss + distill
-        metrics["loss/distill"] = float(distill.detach())
-        metrics["loss/total"] += metrics["loss/distill"]
-    (loss * scale if scale != 1.0 else loss).backward()
+def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
+    """Forward and backward of one micro-batch: the loss is the sum of its terms (:func:`loss_terms`). Returns
+    (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old comes from this forward, else None)."""
+    out = _forward(ctx, mb)
+    loss, metrics = None, {}
+    for term in loss_terms(ctx.algo):
+        part, part_metrics = term(ctx, mb, out)
+        loss = part if loss is None else loss + part
+        total = metrics.get("loss/total", 0.0) + part_metrics.pop("loss/total", 0.0)
+        metrics.update(part_metrics)
+        metrics["loss/total"] = total
+    (loss * mb.scale if mb.scale != 1.0 else loss).backward()
     losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
     weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
-    return metrics, weight, losses, idx, entropy.detach() if fused else None
+    return metrics, weight, losses, mb.idx, out.entropy.detach() if ctx.fused else None
+
+
+def policy_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.Tensor, dict]:
+    """The policy loss of ``algo`` (ALGORITHMS.md sections 2-6), with its KL and entropy parts."""
+    algo, rows = ctx.algo, mb.rows
+    logp_old = out.logp.detach() if ctx.fused else rows.logp_old  # same weights: exactly pi_old
+    return policy_loss(out.logp, logp_old, rows.advantages, mb.loss_mask, algo, logp_roll=rows.logp_roll,
+                       logp_ref=rows.logp_ref, norm=mb.norm, entropy=out.entropy if algo.entropy_bonus else None,
+                       entropy_coef=ctx.entropy_coef)
+
+
+def distill_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.Tensor, dict]:
+    """Section 11: the divergence from the teacher, aggregated like the policy term, times ``algo.distill_coef``."""
+    algo = ctx.algo
+    m = mb.loss_mask.to(out.divergence.dtype)
+    distill = algo.distill_coef * AGGREGATIONS.get(algo.aggregation)(out.divergence * m, m, mb.norm)
+    value = float(distill.detach())
+    return distill, {"loss/distill": value, "loss/total": value}
+
+
+def loss_terms(algo: AlgoConfig) -> tuple:
+    """The terms whose sum is the training loss: the policy's, and the teacher's with ``algo.distill_loss``."""
+    return (policy_term,) if algo.distill_loss == "off" else (policy_term, distill_term)
 
 
 def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
@@ -132,31 +185,28 @@ def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
     return entropy
 
 
-def _forward(model, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, with_entropy: bool, entropy_grad: bool,
-             routing):
-    """(logp with grad, entropy): the entropy with its gradient for the bonus, without it for
-    metrics only (``with_entropy``), else None."""
-    share = forward_sharing(plan)
-    with checkpointed_layers(model, plan.gradient_checkpointing), trimmed_backward(model, plan.trim_every), \
-            autocast(plan.precision, mb.prompt_ids.device):
-        if entropy_grad:
-            return hooks.forward(response_logprobs_and_entropy, model, mb.prompt_ids, mb.prompt_mask,
-                                 mb.response_ids, mb.response_mask, temperature=plan.temperature, routing=routing)
-        return hooks.forward(response_logprobs, model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                             mb.response_mask, temperature=plan.temperature, with_entropy=with_entropy,
-                             routing=routing, share_prompts=share)
-
-
-def _distill_forward(model, teacher, mb: TrainBatch, plan: LearnerPlan, hooks: UpdateHooks, algo: AlgoConfig,
-                     fused: bool):
-    """(logp, entropy or None, divergence [n, T]) of a run with ``algo.distill_loss``: one forward of the policy and
-    one of the teacher (grpoplus.learner.distill)."""
-    if teacher is None:
-        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher model in the update (learner.teacher)")
-    with checkpointed_layers(model, plan.gradient_checkpointing), autocast(plan.precision, mb.prompt_ids.device):
-        return hooks.forward(distill_forward, model, teacher, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                             mb.response_mask, temperature=plan.temperature, loss=algo.distill_loss,
-                             beta=algo.gjsd_beta, with_entropy=fused or algo.entropy_bonus)
+def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
+    """The micro-batch's training forward: logp with grad, and the entropy with its gradient for the bonus, without
+    it for metrics only (pi_old from this forward), else None; with ``algo.distill_loss`` the teacher's forward
+    too (:func:`grpoplus.learner.distill.distill_forward`)."""
+    algo, plan, rows, hooks = ctx.algo, ctx.plan, mb.rows, ctx.hooks
+    args = (rows.prompt_ids, rows.prompt_mask, rows.response_ids, rows.response_mask)
+    if algo.distill_loss != "off":
+        if ctx.teacher is None:
+            raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher model in the update "
+                             "(learner.teacher)")
+        with checkpointed_layers(ctx.model, plan.gradient_checkpointing), autocast(plan.precision, args[0].device):
+            return Forward(*hooks.forward(distill_forward, ctx.model, ctx.teacher, *args, temperature=plan.temperature,
+                                          loss=algo.distill_loss, beta=algo.gjsd_beta,
+                                          with_entropy=ctx.fused or algo.entropy_bonus))
+    routing = training_routing(ctx.model, rows, plan, ctx.tally if mb.scale else None)
+    with checkpointed_layers(ctx.model, plan.gradient_checkpointing), trimmed_backward(ctx.model, plan.trim_every), \
+            autocast(plan.precision, args[0].device):
+        if algo.entropy_bonus:
+            return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
+                                          temperature=plan.temperature, routing=routing))
+        return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
+                                      with_entropy=ctx.fused, routing=routing, share_prompts=forward_sharing(plan)))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
