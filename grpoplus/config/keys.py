@@ -1,4 +1,4 @@
-"""The keys' documentation: every field's docstring, read from the source (``--help-config``, the reference page)."""
+"""The keys' documentation: every key with its value, choices and docstring (``--help-config``, the reference page)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 
 from grpoplus.config.load import build_config, choices
 from grpoplus.config.sections import SECTIONS, Config
+from grpoplus.fielddocs import field_docs
 
 
 def describe_keys(cfg: Config | None = None) -> str:
@@ -27,21 +28,3 @@ def describe_keys(cfg: Config | None = None) -> str:
                 lines += textwrap.wrap(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                    break_on_hyphens=False)
     return "\n".join(lines)
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Field docstrings (the string literal after each field), read from the source."""
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs

@@ -6,11 +6,10 @@ than ``min_steps``."""
 
 from __future__ import annotations
 
-import ast
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
+from grpoplus.fielddocs import field_docs
 from grpoplus.registry import Registry
 
 from ..series import Series, Trace
@@ -110,13 +109,7 @@ class DoctorThresholds:
 
 def threshold_docs() -> dict[str, str]:
     """``{field name: docstring}`` of :class:`DoctorThresholds`, read from its source."""
-    tree = ast.parse(inspect.getsource(DoctorThresholds))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
-            docs[node.target.id] = after.value.value  # type: ignore[attr-defined]
-    return docs
+    return field_docs(DoctorThresholds)
 
 
 CheckFn = Callable[[Trace, DoctorThresholds, Mapping[str, Any]], "Finding | None"]
