@@ -1,7 +1,7 @@
 """Python objects handed to :class:`grpoplus.Trainer`, turned into what a config names.
 
-A run's config is plain data (it is saved as ``config.yaml``, read back on resume and sent to every learner rank
-and Ray worker), so each object becomes a value the config can hold:
+A run's config is plain data (it is saved as ``config.yaml``, read back on resume, and the plan each learner rank
+and Ray worker receives is derived from it), so each object becomes a value the config can hold:
 
 - a data set (a list of dicts, a ``datasets.Dataset``, a pandas ``DataFrame``, any iterable of mappings) is
   written to ``RUN/inputs/<name>.jsonl`` and named by its path (the run keeps what it trained on);

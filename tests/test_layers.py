@@ -3,6 +3,7 @@ or between modules, no private name taken from another module, and the leaf pack
 the assembly or the entry points."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,16 @@ def test_the_checks_find_what_they_look_for():
     found = {(m, name) for m, name, _ in imports(ROOT / "metrics" / "checks" / "offpolicy.py", top_level_only=True)}
     assert {("grpoplus.metrics.checks.base", "CHECKS"), ("grpoplus.metrics.series", "Trace")} <= found
     assert unit("grpoplus.learner.update") == "learner" and unit("grpoplus.trainer") == "trainer"
+
+
+def test_the_layout_page_names_every_package_and_module_of_the_tree():
+    # docs/concepts/layout.md is the map a contributor reads first: every package and top-level module is on it, and
+    # nothing on it is gone from the tree
+    page = (ROOT.parent / "docs" / "concepts" / "layout.md").read_text()
+    tree = page.split("```")[1]
+    named = set(re.findall(r"^  (\w+/|\w+\.py)", tree, re.M)) | set(re.findall(r"\b(\w+\.py)\b", tree))
+    packages = {f"{p.name}/" for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py",)}
+    assert sorted((packages | modules) - named) == []
+    gone = sorted(n for n in re.findall(r"^  (\w+/|\w+\.py)", tree, re.M) if n not in packages | modules)
+    assert gone == []
