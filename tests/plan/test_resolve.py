@@ -8,8 +8,8 @@ import pytest
 
 from grpoplus.algo import AlgoConfig
 from grpoplus.config import SECTIONS, Config, build_config
-from grpoplus.plan import resolve
 from grpoplus.plan import placement as where
+from grpoplus.plan import resolve
 from grpoplus.plan.run import logp_old_mode
 
 
