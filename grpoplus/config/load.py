@@ -67,13 +67,13 @@ def _validate(section: str, name: str, value: Any) -> Any:
     """``value`` as the field's type (pydantic, lax: "5e-4" -> 5e-4, 2 -> 2.0, "a,b" -> [a, b] for a list), or a
     one-line error naming the key and what it takes."""
     key = f"{section}.{name}"
-    if isinstance(value, str) and typing.get_type_hints(SECTIONS[section])[name] in (list, tuple):
+    hint = typing.get_type_hints(SECTIONS[section])[name]
+    if isinstance(value, str) and (hint in (list, tuple) or typing.get_origin(hint) in (list, tuple)):
         value = [v for v in value.split(",") if v]  # `loggers=tensorboard,wandb`
     try:
         return _adapter(section, name).validate_python(value)
     except ValidationError:
         allowed = choices(section, name)
-        hint = typing.get_type_hints(SECTIONS[section])[name]
         expected = f"one of {', '.join(map(str, allowed))}" if allowed else f"a valid {getattr(hint, '__name__', hint)}"
         raise ValueError(f"config key {key}: {value!r} is not {expected}") from None
 
@@ -153,27 +153,12 @@ def _one_length(values: dict[str, dict[str, Any]]) -> None:
         algo["max_len"] = rollout["max_new_tokens"]
 
 
-def _algo_number(name: str, value: Any) -> Any:
-    """YAML 1.1 reads ``1e-6`` (no dot) as a string: make it the float a float field of AlgoConfig
-    means; everything else AlgoConfig validates itself."""
-    hint = {f.name: str(f.type) for f in dataclasses.fields(AlgoConfig)}.get(name, "")
-    if isinstance(value, str) and "float" in hint:
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
-
-
 def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
-    sections = {}
-    for section, cls in SECTIONS.items():
-        if cls is AlgoConfig:
-            continue
-        kwargs = {name: _validate(section, name, _from_bool(f"{section}.{name}", v))
-                  for name, v in values[section].items()}
-        sections[section] = cls(**kwargs)
-    algo_values = {name: _algo_number(name, v) for name, v in values["algo"].items()}
+    # every section's values through the fields' types (pydantic); each section then checks its own ranges
+    typed = {section: {name: _validate(section, name, _from_bool(f"{section}.{name}", v)) for name, v in items.items()}
+             for section, items in values.items()}
+    sections = {section: cls(**typed[section]) for section, cls in SECTIONS.items() if cls is not AlgoConfig}
+    algo_values = typed["algo"]
     algo_values["max_len"] = response_budget(sections["data"], sections["rollout"])  # one length (_one_length)
     sections["algo"] = AlgoConfig.preset(preset, **algo_values)
     cfg = Config(**sections)

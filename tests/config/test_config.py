@@ -1,5 +1,7 @@
 """The config tree: presets, YAML, key=value overrides, and the errors bad input gets."""
 
+import re
+
 import pytest
 import yaml
 
@@ -175,3 +177,22 @@ def test_every_refusal_is_a_named_rule_applied_in_order(monkeypatch):
     assert seen == names  # check() applies every rule, in the listed order
     with pytest.raises(ValueError, match="already registered"):
         rules.rule(names[0])(lambda cfg: None)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eps_high=abc", "config key algo.eps_high: 'abc' is not a valid float"),
+    ("num_minibatches=2.5", "config key algo.num_minibatches: 2.5 is not a valid int"),
+    ("overlong_shaping=maybe", "config key algo.overlong_shaping: 'maybe' is not a valid bool"),
+    ("group_size=abc", "config key rollout.group_size: 'abc' is not a valid int"),
+])
+def test_an_algo_key_of_the_wrong_type_is_refused_like_any_other_key(override, message):
+    # the algo section goes through the same typed validation as every section (then checks its own ranges)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        build_config(overrides=[override])
+
+
+def test_algo_keys_take_text_as_their_type(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-6\neps_high: 3e-1\ncorrections: tis_token,mis_seq\n")  # YAML 1.1 reads 1e-6 as text
+    cfg = build_config(yaml_path=str(path))
+    assert (cfg.algo.eps_high, cfg.algo.corrections, cfg.learner.lr) == (0.3, ("tis_token", "mis_seq"), 1e-6)
