@@ -12,6 +12,7 @@ import pytest
 from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.distributed.local import torchrun_follower
+from grpoplus.plan import resolve
 
 
 def test_cluster_ray_without_ray_installed_names_the_install(monkeypatch):
@@ -44,8 +45,8 @@ def test_torchrun_rank_count_must_match_data_parallel(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 nodes x 2 ranks
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(ValueError, match="torchrun started 4 ranks but learner.data_parallel=2"):
-        torchrun_follower(build_config(overrides=["data_parallel=2", "micro_batch_size=16"]))
-    assert torchrun_follower(build_config(overrides=["data_parallel=4", "micro_batch_size=16"]))
+        torchrun_follower(resolve(build_config(overrides=["data_parallel=2", "micro_batch_size=16"])).placement.ranks)
+    assert torchrun_follower(resolve(build_config(overrides=["data_parallel=4", "micro_batch_size=16"])).placement.ranks)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
