@@ -17,6 +17,7 @@ from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import check_replay
 from grpoplus.models.device import compute_device
+from grpoplus.models.freeze import freeze
 from grpoplus.plan.run import LearnerRolePlan
 from grpoplus.teacher import load_teacher
 
@@ -46,6 +47,7 @@ def build_sharded_parts(role: LearnerRolePlan, whole: torch.nn.Module | None, gr
 
 def _parts(role: LearnerRolePlan, model: torch.nn.Module, ref_model: torch.nn.Module | None,
            mirror: torch.nn.Module | None = None) -> LearnerParts:
+    freeze(model, role.freeze)  # before the optimizer: frozen parameters get no state
     optimizer, scheduler = build_optimizer(role.optimizer, model)
     teacher = None if role.teacher is None else load_teacher(role.teacher, compute_device(model), role.update.precision)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(role.algo), mirror,

@@ -119,6 +119,17 @@ def _check_lora(cfg: Config) -> None:
                          "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
 
 
+@rule("freeze")
+def _freeze(cfg: Config) -> None:
+    """Frozen parameters are named, and only in full fine-tuning (LoRA already freezes the whole base)."""
+    names = cfg.learner.freeze
+    if any(not isinstance(n, str) or not n.strip() for n in names):
+        raise ValueError(f"config key learner.freeze takes parameter names or globs, got {names!r}")
+    if names and cfg.learner.lora_rank > 0:
+        raise ValueError("learner.freeze names parameters kept frozen in full fine-tuning, but with learner.lora_rank > "
+                         "0 the whole base is frozen and only the adapters train: set freeze=[] (or lora_rank=0)")
+
+
 @rule("checkpointing_without_replay")
 def _checkpointing_without_replay(cfg: Config) -> None:
     """Gradient checkpointing recomputes layers in the backward, outside MoE routing replay: not both."""

@@ -235,6 +235,9 @@ class LearnerConfig:
     lora_target_modules: list = field(default_factory=lambda: ["all-linear"])
     """Linear layers that get adapters, by module name (q_proj, v_proj, ...) or all-linear (every
     linear layer but the LM head)."""
+    freeze: list = field(default_factory=list)
+    """Parameters kept frozen while the rest trains (no gradient, no optimizer state), by name: a dotted part
+    (embed_tokens, lm_head, layers.0) or a glob over the full name (model.layers.[0-3].*). Empty: all train."""
 
     @property
     def sharded(self) -> bool:

@@ -129,6 +129,7 @@ class LearnerRolePlan:
     host_copy: bool  # a sharded rank 0 keeps its whole copy in host memory
     cpu_offload: bool
     collective_timeout_s: float
+    freeze: tuple[str, ...] = ()  # parameters kept frozen (learner.freeze)
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,8 @@ def learner_role(cfg: Config) -> LearnerRolePlan:
     lrn = cfg.learner
     return LearnerRolePlan(process_plan(cfg), policy_plan(cfg), optimizer_plan(cfg), update_plan(cfg), cfg.algo,
                            reference_kind(cfg), lrn.teacher, lrn.data_parallel, lrn.sharded,
-                           where.whole_copy_in_host_memory(cfg), lrn.cpu_offload, lrn.collective_timeout_s)
+                           where.whole_copy_in_host_memory(cfg), lrn.cpu_offload, lrn.collective_timeout_s,
+                           tuple(lrn.freeze))
 
 
 def engine_plan(cfg: Config) -> EnginePlan:
