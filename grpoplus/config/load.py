@@ -168,7 +168,7 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
 
 
 def _from_bool(key: str, value: Any) -> Any:
-    return BOOL_CHOICES[key][value] if isinstance(value, bool) and key in BOOL_CHOICES else value
+    return BOOL_CHOICES[key].get(value, value) if isinstance(value, bool) and key in BOOL_CHOICES else value
 
 
 def resumed_config(run_dir: str | Path, overrides: list[str] | tuple = ()) -> Config:

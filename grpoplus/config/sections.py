@@ -273,8 +273,11 @@ SECTIONS: dict[str, type] = {
     "ray": RayConfig,
 }
 
-BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"}}
-"""Keys that were booleans before they had more choices: what true and false still mean."""
+BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"},
+                                            **{f"algo.{key}": {False: "off"}
+                                               for key in ("routing_replay", "turn_credit", "distill_loss")}}
+"""Keys that were booleans before they had more choices, and keys whose choice ``off`` YAML 1.1 reads as false (a
+bare ``off`` on the command line or in a config file): what true and false mean."""
 
 
 @dataclass
