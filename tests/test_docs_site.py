@@ -71,6 +71,7 @@ def test_validation_turns_a_broken_anchor_and_a_missing_page_into_build_errors(t
     assert "'missing.md'" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_configuration_reference_lists_every_key_with_its_section_and_default(site):
     from grpoplus.config import SECTIONS
 

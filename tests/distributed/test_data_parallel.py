@@ -33,6 +33,7 @@ def _assert_weights(a: dict, b: dict, exact: bool, dtype: torch.dtype) -> None:
             torch.testing.assert_close(a[key], b[key], rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ranks.CASES, ids=lambda c: f"{c[0]}-{'corr' if c[1] else 'nocorr'}-beta{c[2]}")
 def test_two_ranks_make_the_single_process_update(single, two_ranks, case):
     for dtype in (torch.float32, torch.float64):
@@ -76,6 +77,7 @@ def test_the_cases_move_the_weights_and_mask_tokens(single):
             assert trained["metrics"][0]["correction/geo_mask/masked_frac"] > 0, case
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_failed_rank_is_a_named_error_within_the_time_limit(tmp_path, how):
     message, elapsed = ranks.spawn(ranks.peer_fails, 2, tmp_path, how, timeout_s=10.0)[0]

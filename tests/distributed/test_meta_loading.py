@@ -7,6 +7,7 @@ import ranks
 import torch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])  # 3: uneven shards (few dimensions divide by 3)
 def test_sharded_ranks_hold_only_their_shards_of_rank_0s_weights(nano_dir, tmp_path, world):
     rank0, *others = ranks.spawn(ranks.sharded_start, world, tmp_path, nano_dir, world, timeout_s=120.0)

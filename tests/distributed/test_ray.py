@@ -51,6 +51,7 @@ def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_one_rollout_worker_and_two_learner_ranks_train_exactly_like_one_process(nano_dir, tmp_path):
     local = _run(nano_dir, tmp_path / "local")
     on_ray = _run(nano_dir, tmp_path / "ray", "cluster=ray", "rollout.workers=1", "learner.data_parallel=2")
@@ -58,6 +59,7 @@ def test_one_rollout_worker_and_two_learner_ranks_train_exactly_like_one_process
     assert _equal(_final(tmp_path / "ray")[1], _final(tmp_path / "local")[1])
 
 
+@pytest.mark.slow
 def test_sharded_learner_ranks_on_ray_train_exactly_like_sharded_local_ranks(nano_dir, tmp_path):
     # learner.strategy=fsdp2 on Ray actors: the ranks shard the policy in their own group and rank 0's gathered
     # weights reach the rollout worker through the object store; the same as two sharded ranks on this machine.
@@ -101,6 +103,7 @@ def killing_a_worker(run_dir: Path, after_step: int = 1):
         killer.join()
 
 
+@pytest.mark.slow
 def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(nano_dir, tmp_path, capfd):
     overrides = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
     straight = _run(nano_dir, tmp_path / "straight", *overrides)
@@ -117,6 +120,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_lost_or_repeated(na
     assert _equal(_final(tmp_path / "killed")[1], _final(tmp_path / "straight")[1])
 
 
+@pytest.mark.slow
 def test_a_rollout_worker_that_dies_past_its_restarts_ends_the_run_in_one_line_and_resume_finishes_it(
         nano_dir, tmp_path):
     from grpoplus.config import resumed_config
@@ -153,6 +157,7 @@ def test_roles_that_cannot_fit_the_cluster_are_an_error_before_any_actor_starts(
         train(cfg)
 
 
+@pytest.mark.slow
 def test_multi_turn_rollouts_on_a_ray_worker_train_exactly_like_one_process(short_turns_dir, tmp_path):
     local = _run(short_turns_dir, tmp_path / "local", "task=guess")
     assert all(r["env/obs_token_frac"] > 0 for r in local[1:])  # environment tokens in every batch

@@ -50,6 +50,7 @@ def _close(a: list[dict], b: list[dict], rel: float) -> None:
             assert x[key] == pytest.approx(y[key], rel=rel, abs=1e-7), (x["step"], key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", ["2", "3"])  # 3: a mini-batch of 8 rows makes 3 micro-batches, 2 on one rank
 def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):
     common = ["--model", nano_dir, *SMALL, f"micro_batch_size={micro}"]
@@ -65,6 +66,7 @@ def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):
     assert gap < 1e-6 < moved, (gap, moved)
 
 
+@pytest.mark.slow
 def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process(nano_dir, tmp_path):
     common = ["--model", nano_dir, *SMALL, "micro_batch_size=2", "beta=0.02"]
     whole, killed, other = tmp_path / "whole", tmp_path / "killed", tmp_path / "other"
@@ -110,6 +112,7 @@ def test_what_a_sharded_learner_does_not_run_is_refused_in_one_line(override, me
         build_config(overrides=[*FSDP2, "micro_batch_size=16", *override.split()])
 
 
+@pytest.mark.slow
 def test_sharded_bf16_mixed_trains_close_to_one_process_bf16(nano_dir, tmp_path):
     # Under fsdp2, bf16_mixed gathers the layers' parameters in bf16 (FSDP2's MixedPrecisionPolicy), so the
     # norms and the residual stream run in bf16 too, where one process keeps them in float32 under autocast:

@@ -48,6 +48,7 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resume_exactly(nano_dir, tmp_path):
     common = ["--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", *SMALL]
     one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
@@ -72,6 +73,7 @@ def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resum
     assert _same(_weights(killed, 5), _weights(two, 5))
 
 
+@pytest.mark.slow
 def test_two_replicated_ranks_in_bf16_mixed_train_like_one_process_in_bf16(nano_dir, tmp_path):
     """DDP's forward runs inside the learner's bf16 autocast: the 2-rank run is the one-process bf16 run."""
     common = ["--model", nano_dir, "max_steps=3", "save_every=3", "eval_every=0", "precision=bf16_mixed", *SMALL]
@@ -114,6 +116,7 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     assert all(torch.equal(own[k], saved[k]) for k in saved)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 def test_asynchronous_run_stays_within_its_bound_and_resumes(nano_dir, tmp_path, k):
     out = tmp_path / f"async{k}"
@@ -147,6 +150,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["replicate", "fsdp2"])
 def test_a_learner_rank_killed_mid_run_stops_the_run_with_its_name_and_resume_works(nano_dir, tmp_path, strategy):
     out = tmp_path / "run"
@@ -177,6 +181,7 @@ def ckpt_steps(run) -> list[int]:
     return [int(p.name.split("-")[1]) for p in list_checkpoints(run)]
 
 
+@pytest.mark.slow
 def test_multi_turn_runs_train_on_two_ranks_exactly_like_one_process_and_asynchronously(short_turns_dir, tmp_path):
     common = ["--task", "guess", "--model", short_turns_dir, "max_steps=3", "eval_every=3", *SMALL]
     one, two, ahead = tmp_path / "one", tmp_path / "two", tmp_path / "async"

@@ -29,6 +29,7 @@ def _config(nano_dir: str, out, *overrides: str):
     return build_config("dapo", None, [f"model={nano_dir}", f"out={out}", "max_steps=4", *SMALL, *overrides])
 
 
+@pytest.mark.slow
 def test_collective_sync_trains_exactly_like_the_object_store(nano_dir, tmp_path):
     train(_config(nano_dir, tmp_path / "store", *TWO_WORKERS))
     train(_config(nano_dir, tmp_path / "bcast", *TWO_WORKERS, "ray.weight_sync=collective"))
@@ -36,6 +37,7 @@ def test_collective_sync_trains_exactly_like_the_object_store(nano_dir, tmp_path
     assert _equal(_final(tmp_path / "bcast")[1], _final(tmp_path / "store")[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["replicate", "fsdp2"])
 def test_after_a_sync_every_worker_holds_learner_rank_0s_weights_and_version(nano_dir, tmp_path, strategy):
     # two learner ranks: the weight-sync group lives beside their default group, not in it; sharded (fsdp2), rank 0
@@ -73,6 +75,7 @@ def test_a_member_that_never_joins_is_a_one_line_error_within_the_time_limit():
     assert "did not form within 3 s" in message and "ray.weight_sync=object_store" in message
 
 
+@pytest.mark.slow
 def test_a_worker_killed_during_the_run_ends_it_in_one_line_within_a_bounded_time(nano_dir, tmp_path):
     from grpoplus.distributed.ray_cluster import RoleDied
 

