@@ -165,10 +165,7 @@ def reward_components(cfg: Config, task) -> list:
     names = [comp.name for comp in parse_reward_specs(specs, extra={"task": task.reward})]
     if "task" not in names:
         specs.append("task:0")
-    if cfg.algo.overlong_shaping:
-        if "soft_overlong" in names:
-            raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
-                             "or set overlong_shaping=false")
+    if cfg.algo.overlong_shaping:  # the rule sampling_and_rewards refuses soft_overlong listed as well
         specs.append({"name": "soft_overlong", "kwargs": {"max_len": cfg.algo.max_len, "cache": cfg.algo.cache_len}})
     return parse_reward_specs(specs, extra={"task": task.reward})
 

@@ -171,7 +171,8 @@ def _routing_replay(cfg: Config) -> None:
 
 @rule("sampling_and_rewards")
 def _sampling_and_rewards(cfg: Config) -> None:
-    """Reward workers, top_p, temperature and the learning rate are in range."""
+    """Reward workers, top_p, temperature and the learning rate are in range; overlong shaping adds its reward itself
+    (not listed in data.rewards as well)."""
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
         raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
@@ -181,6 +182,17 @@ def _sampling_and_rewards(cfg: Config) -> None:
         raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
     if cfg.learner.lr is not None and cfg.learner.lr <= 0:
         raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+    if cfg.algo.overlong_shaping and "soft_overlong" in _reward_names(cfg.data.rewards):
+        raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
+                         "or set overlong_shaping=false")
+
+
+def _reward_names(specs: list) -> list[str]:
+    """The names data.rewards gives its components (``name[:weight][:k=v]`` or ``{"name": ...}``)."""
+    from grpoplus.rewards.pipeline import split_spec
+
+    return [s.get("name") if isinstance(s, dict) else split_spec(s.strip())[0] for s in specs
+            if isinstance(s, dict) or (isinstance(s, str) and s.strip())]
 
 
 @rule("groups")

@@ -196,3 +196,9 @@ def test_algo_keys_take_text_as_their_type(tmp_path):
     path.write_text("lr: 1e-6\neps_high: 3e-1\ncorrections: tis_token,mis_seq\n")  # YAML 1.1 reads 1e-6 as text
     cfg = build_config(yaml_path=str(path))
     assert (cfg.algo.eps_high, cfg.algo.corrections, cfg.learner.lr) == (0.3, ("tis_token", "mis_seq"), 1e-6)
+
+
+def test_overlong_shaping_with_its_reward_listed_too_is_refused_before_anything_loads():
+    with pytest.raises(ValueError, match="^algo.overlong_shaping adds the soft_overlong reward itself"):
+        build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]"])
+    assert build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]", "overlong_shaping=false"])
