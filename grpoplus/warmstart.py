@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from grpoplus.envs.render import observation_ids
-from grpoplus.models.load import TINY_MOE, load_hf_dir, prepared
+from grpoplus.models.load import TINY_MOE, builtin_family, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
@@ -278,7 +278,7 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
     supervised data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts it never trains on."""
     if task is None:
         raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
-    size = "moe" if model == TINY_MOE else "small"
+    size = "moe" if model == TINY_MOE else builtin_family(model) or "small"
     path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
     return prepared(*load_hf_dir(path, dtype), device)
 

@@ -164,7 +164,8 @@ class RolloutConfig:
 @dataclass
 class LearnerConfig:
     model: str | None = None
-    """None = the built-in warm-started tiny model; a local HF dir, a .gguf file, or `smollm2`."""
+    """None = the built-in warm-started tiny model (a Llama); `tiny-moe`, or `tiny-<model_type>` for another
+    architecture's (tiny-qwen3_5_text, ...: reference/architectures.md); a local HF dir, a .gguf file, or `smollm2`."""
     teacher: str | None = None
     """On-policy distillation's teacher (algo.lambda_opd, algo.distill_loss): named as `model` names the policy (a
     local HF dir, a .gguf file, `smollm2`), loaded once where the learner runs, like the reference; or the base URL

@@ -52,13 +52,14 @@ def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
     """The dry run of a validated config (``needs``: what its checks noted this machine lacks)."""
     from grpoplus.teacher import is_endpoint
 
-    policy = model_size(cfg.learner.model)
     spec = cfg.learner.teacher
-    teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
+    with collecting() as lacks:  # what the models need of this machine (their architecture in its transformers)
+        policy = model_size(cfg.learner.model)
+        teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
     tokens = token_budget(cfg)
     return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), resolve(cfg), plan_roles(cfg), policy, teacher,
                   estimate_memory(cfg, policy, teacher, tokens), tokens,
-                  list(needs or []) + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
+                  list(needs or []) + lacks + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
 
 
 def print_dry_run(preset: str | None, yaml_path: str | None, overrides: list[str], resume: str | None = None) -> int:

@@ -160,13 +160,21 @@ def builtin_size(name: str | None) -> ModelSize:
     """The built-in tiny model (or tiny MoE): its config on the meta device, with the character tokenizer's
     vocabulary (what the warm start builds)."""
     import torch
-    from transformers import LlamaForCausalLM, Qwen3MoeForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM
 
+    from grpoplus.models.families import family_config
+    from grpoplus.models.load import builtin_family
     from grpoplus.models.moe import tiny_moe_config
     from grpoplus.models.tiny import tiny_config
     from grpoplus.models.tokenizer import char_tokenizer
 
-    vocab = len(char_tokenizer())
+    vocab, family = len(char_tokenizer()), builtin_family(name)
+    if family is not None:
+        config = family_config(family, vocab, size="small")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return ModelSize(name, sum(p.numel() for p in model.parameters()), f"the built-in tiny {family} model's config",
+                         None, on_disk=True)
     moe = name is not None
     config = tiny_moe_config(vocab, size="moe") if moe else tiny_config(vocab, size="small")
     with torch.device("meta"):
@@ -194,8 +202,16 @@ def _on_disk_size(name: str, path: Path) -> ModelSize:
     """A local HF dir (config.json on the meta device) or a .gguf file / a dir holding one (its header)."""
     from grpoplus.models.memory import gguf_parameter_count, hf_parameter_count
 
+    from grpoplus.models.load import check_architecture
+    from grpoplus.needs import unmet
+
     known = find_known(name)
     if path.is_dir() and (path / "config.json").is_file():
+        try:
+            check_architecture(path)
+        except ValueError as err:  # this machine's transformers lacks it: a need, the size unknown
+            unmet(err)
+            return ModelSize(name, None, "unknown (this transformers cannot build its architecture)", on_disk=True)
         arch = arch_from_config(json.loads((path / "config.json").read_text()))
         return ModelSize(name, hf_parameter_count(path), f"config.json of {path}", arch, on_disk=True)
     ggufs = [path] if path.is_file() else sorted(path.glob("*.gguf"))

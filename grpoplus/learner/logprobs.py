@@ -29,7 +29,10 @@ from grpoplus.models.lora import compute_module
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
 
-HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2"})
+HEAD_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmo3", "phi3", "smollm3",
+    "glm4", "glm4_moe", "deepseek_v3", "llama4_text", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid",
+    "lfm2"})
 """``config.model_type`` of the transformers causal LMs whose logits are exactly
 ``lm_head(model.model(...).last_hidden_state)``: no bias, scale or soft-cap after the head."""
 

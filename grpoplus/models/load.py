@@ -26,9 +26,29 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
+TINY_PREFIX = "tiny-"
+"""``tiny-<model_type>`` selects the built-in tiny model of that architecture (grpoplus.models.families)."""
+
+
+def builtin_family(model: str | None) -> str | None:
+    """The architecture of a ``tiny-<model_type>`` name (``tiny-qwen3_5_text``), else None."""
+    from grpoplus.models.families import FAMILIES
+
+    if model is None or not model.startswith(TINY_PREFIX) or model == TINY_MOE:
+        return None
+    family = model[len(TINY_PREFIX):]
+    if family in FAMILIES:
+        return family
+    if Path(model).expanduser().exists():  # a model directory that happens to be called tiny-...
+        return None
+    raise ValueError(f"no built-in model {model!r}: the built-in tiny models are {TINY_MOE} and "
+                     f"{', '.join(TINY_PREFIX + f for f in sorted(FAMILIES))} (or give a model directory)")
+
+
 def is_builtin(model: str | None) -> bool:
-    """True for the names of the built-in tiny models (warm-started on a task, character tokenizer)."""
-    return model is None or model == TINY_MOE
+    """True for the names of the built-in tiny models (warm-started on a task, character tokenizer): None (the
+    Llama), ``tiny-moe`` and ``tiny-<model_type>`` of every architecture in grpoplus.models.families."""
+    return model is None or model == TINY_MOE or builtin_family(model) is not None
 
 
 def load_policy(
@@ -77,6 +97,29 @@ def prepared(policy, tokenizer, device: str | torch.device):
     return policy.to(device), tokenizer
 
 
+def check_architecture(path: Path) -> str:
+    """The ``model_type`` of the model dir ``path`` (its config.json, no weight read), refused in one line when this
+    transformers cannot build it as a causal LM."""
+    import json
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model dir {str(path)!r}: config.json is not readable JSON ({err})") from None
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ValueError(f"model dir {str(path)!r} is a {model_type!r} model, an architecture transformers "
+                         f"{transformers.__version__} does not know: upgrade it (pip install -U transformers) or "
+                         "train a model of an architecture it has (reference/architectures.md lists the tested ones)")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"model dir {str(path)!r} is a {model_type!r} model, which transformers has no causal "
+                         "language model of: grpoplus trains decoder LMs (AutoModelForCausalLM)")
+    return model_type
+
+
 def load_tokenizer(model: str):
     """The tokenizer of a model named as :func:`load_policy` names one (a local HF dir, a .gguf file or a dir
     holding one, ``smollm2``), without reading its weights."""
@@ -100,6 +143,7 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
             raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face model dir or a .gguf file")
         return _load_gguf(path, dtype, fits)
     if (path / "config.json").is_file():
+        check_architecture(path)
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(
                 f"model dir {str(path)!r} has no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)}); "

@@ -43,7 +43,7 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, ta
     require_peft()
     from peft import LoraConfig, get_peft_model
 
-    targets = "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
+    targets = _all_linear(model) if list(target_modules) == ["all-linear"] else list(target_modules)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
                         task_type="CAUSAL_LM")
     try:
@@ -53,6 +53,16 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, ta
                         if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"learner.lora_target_modules={list(target_modules)}: {str(err).splitlines()[0]}; "
                          f"the model's linear layers are {', '.join(names)} (or use all-linear)") from None
+
+
+def _all_linear(model: torch.nn.Module) -> str | list[str]:
+    """peft's ``all-linear`` (every linear layer but the LM head), without the modules that subclass ``nn.Linear``
+    but compute something else (Llama 4's router returns its scores and logits): then the plain ones by name."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if all(type(m) is torch.nn.Linear for _, m in linear):
+        return "all-linear"
+    return [name for name, m in linear if type(m) is torch.nn.Linear]
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -46,6 +46,8 @@ ROUTING_DTYPE = torch.int16
 RENORMALISES = {
     # router class name -> does it renormalise its top-k probabilities to sum to 1?
     "Qwen3MoeTopKRouter": lambda router: bool(router.norm_topk_prob),
+    "Qwen3NextTopKRouter": lambda router: bool(router.norm_topk_prob),
+    "Qwen3_5MoeTopKRouter": lambda router: True,
     "Qwen2MoeTopKRouter": lambda router: bool(router.norm_topk_prob),
     "OlmoeTopKRouter": lambda router: bool(router.norm_topk_prob),
     "MixtralTopKRouter": lambda router: True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase, Qwen3MoeForCausalLM
 
+from grpoplus.models.families import FAMILIES, tiny_family_model
 from grpoplus.models.moe import MOE_SIZES, tiny_moe_config
 
 # Attention heads are 32 wide in every size: vLLM's CPU attention kernels take head sizes of
@@ -47,11 +48,14 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, *, size: str = "small", seed:
                **overrides) -> LlamaForCausalLM:
     """A randomly initialised fp32 tiny Llama for ``tokenizer``; same ``seed`` -> same weights.
     ``overrides`` are LlamaConfig fields on top of the ``size`` preset (e.g. ``hidden_size``).
-    A size of ``MOE_SIZES`` ("moe", "moe-nano") gives the tiny Qwen3-MoE of :mod:`grpoplus.models.moe`.
+    A size of ``MOE_SIZES`` ("moe", "moe-nano") gives the tiny Qwen3-MoE of :mod:`grpoplus.models.moe`; an
+    architecture of ``FAMILIES`` (``"qwen3_5_text"``) its small model (:mod:`grpoplus.models.families`).
 
     The special-token ids of the tokenizer are written into the config and the generation
     config, so ``model.generate`` stops at ``<eos>`` and pads with ``<pad>``.
     """
+    if size in FAMILIES:  # the built-in model of another architecture, at the small size
+        return tiny_family_model(tokenizer, size, size="small", seed=seed, **overrides)
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id)
     if size in MOE_SIZES:

@@ -22,9 +22,13 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+# Cache layers that hold a recurrent or convolution state per row (linear attention, Mamba, short convolutions):
+# transformers releases without them have no such layers.
+STATE_LAYERS = tuple(c for c in (getattr(cache_utils, "LinearAttentionCacheLayerMixin", None),) if c is not None)
 
 DECODE_ATTENTION = "grpoplus_gqa_sdpa"
 """Name under which :func:`gqa_sdpa_attention` is registered with transformers (the sdpa mask)."""
@@ -65,6 +69,21 @@ class PreallocatedLayer(DynamicLayer):
         self._set_views()
 
 
+def select_rows(cache: Cache, indices: torch.Tensor) -> None:
+    """Keep (and reorder) the rows ``indices`` of every layer of ``cache``, in place: key/value layers and the
+    recurrent and convolution states of linear-attention and Mamba layers alike (a hybrid's layer that holds both
+    selects both; transformers' own ``batch_select_indices`` would leave its states behind)."""
+    for layer in cache.layers:
+        _select_layer_rows(layer, indices)
+
+
+def _select_layer_rows(layer, indices: torch.Tensor) -> None:
+    if isinstance(layer, STATE_LAYERS):
+        layer.reorder_cache(indices)  # the states, and the keys and values of a layer that has them too
+    else:
+        layer.batch_select_indices(indices)
+
+
 def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int) -> Cache:
     """The prefilled cache of the distinct prompts copied to their sample rows, with room for ``capacity`` positions.
 
@@ -73,20 +92,26 @@ def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int) -> 
         rows: [n] long, the prompt of each sample row.
         capacity: total positions per row (P + new tokens).
 
-    Returns the prefill cache itself, expanded, when a layer is not a plain full-attention
-    ``DynamicLayer`` (e.g. a sliding window): only plain layers are preallocated.
+    Returns a cache of preallocated layers when every layer is a plain full-attention ``DynamicLayer``; otherwise
+    the prefill cache itself, its plain layers preallocated in place and the others (a sliding window, the
+    recurrent state of a linear-attention or Mamba layer) expanded to the rows (:func:`select_rows`).
     """
-    if any(type(layer) is not DynamicLayer for layer in prefill.layers):
-        prefill.batch_select_indices(rows)
-        return prefill
-    layers = []
-    for layer in prefill.layers:
-        buffers = []
-        for past in (layer.keys, layer.values):  # [b, kv_heads, P, head_dim]
-            buffers.append(past.new_empty(len(rows), past.shape[1], capacity, past.shape[3]))
-            buffers[-1][:, :, : past.shape[2]] = past[rows]
-        layers.append(PreallocatedLayer(*buffers, layer.get_seq_length()))
-    return Cache(layers=layers)
+    if all(type(layer) is DynamicLayer for layer in prefill.layers):
+        return Cache(layers=[_preallocated(layer, rows, capacity) for layer in prefill.layers])
+    for i, layer in enumerate(prefill.layers):
+        if type(layer) is DynamicLayer:
+            prefill.layers[i] = _preallocated(layer, rows, capacity)
+        else:
+            _select_layer_rows(layer, rows)
+    return prefill
+
+
+def _preallocated(layer: DynamicLayer, rows: torch.Tensor, capacity: int) -> PreallocatedLayer:
+    buffers = []
+    for past in (layer.keys, layer.values):  # [b, kv_heads, P, head_dim]
+        buffers.append(past.new_empty(len(rows), past.shape[1], capacity, past.shape[3]))
+        buffers[-1][:, :, : past.shape[2]] = past[rows]
+    return PreallocatedLayer(*buffers, layer.get_seq_length())
 
 
 def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

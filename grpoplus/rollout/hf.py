@@ -22,7 +22,7 @@ from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import is_lora, merge_into, plain_model
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
-from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears
+from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 from grpoplus.sync import WeightSource, module_of
@@ -123,7 +123,7 @@ def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id:
             break
         if 4 * stopped >= len(s.rows):  # drop ended slots once they are a quarter of the batch (amortised copy)
             keep = running.nonzero().squeeze(1)
-            s.cache.batch_select_indices(keep)
+            select_rows(s.cache, keep)
             s.masks[: len(keep)] = s.masks[keep]
             s.rows, running, tok, s.next_pos = (x[keep] for x in (s.rows, running, tok, s.next_pos))
         s.length += 1
