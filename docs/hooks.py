@@ -7,7 +7,9 @@ Nothing on those pages is copied by hand, so nothing there can drift from the co
 - ``reference/registries.md``: every entry of every registry with the first paragraph of its docstring;
 - ``reference/presets.md``: every preset as ``grpoplus.algo.presets.describe`` states it;
 - ``reference/doctor.md``: every doctor check and every threshold (``threshold_docs``);
-- ``reference/rules.md``: every rule a config must pass (``grpoplus.config.rules.RULES``).
+- ``reference/rules.md``: every rule a config must pass (``grpoplus.config.rules.RULES``);
+- ``reference/architectures.md``: every architecture of the matrix (``grpoplus.models.families``) and the path each
+  part of a run takes on it, read off the tiny model itself (tests/models/test_architectures.py proves each path).
 
 A hand-written page can also embed generated tables with an HTML comment (invisible on GitHub):
 ``<!-- config-keys: learner.lora_* -->`` (the reference rows of those keys) and
@@ -230,12 +232,57 @@ def rules_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def architectures_page() -> str:
+    from grpoplus.learner.logprobs import chunked_head
+    from grpoplus.learner.replay import moe_spec
+    from grpoplus.models.families import FAMILIES, VLLM, tiny_family_model
+    from grpoplus.models.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    out = ["# Architectures", "", GENERATED_NOTE, "",
+           "Every architecture below is built as a tiny randomly initialised model from transformers' own config class "
+           "(`grpoplus.models.families`; `--model tiny-<type>` trains its warm-started built-in one) and proven on "
+           "every path of a run by the architecture matrix (`tests/models/test_architectures.py`, in CI): a "
+           "left-padded row equals the row alone; the hf engine samples (each prompt prefilled once, finished rows "
+           "pruned) with `logp_roll` equal to the learner's log-probs; activation checkpointing gives the same "
+           "gradient; LoRA adapters train alone; two steps through the trainer. The columns say which path a part "
+           "takes where the architecture decides it.", "",
+           "| `model_type` | layers | LM head in the learner | learner prompts | routing replay | vLLM engine (CPU) |",
+           "|---|---|---|---|---|---|"]
+    for name in sorted(FAMILIES):
+        model = tiny_family_model(tok, name)
+        kinds = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
+        head = "chunked (no [tokens x V] logits)" if chunked_head(model) is not None else \
+            "logits (a scale or soft-cap follows the head)"
+        shared = "each prompt once" if _prompts_shared(model) else "row by row (a window or a recurrent state)"
+        replay = "—" if not _is_moe(model) else ("r2, r3" if moe_spec(model) is not None else "not its router")
+        out.append(f"| `{name}` | {', '.join(kinds)} | {head} | {shared} | {replay} | {cell(VLLM[name])} |")
+    return "\n".join(out) + "\n"
+
+
+def _prompts_shared(model) -> bool:
+    import torch
+
+    from grpoplus.learner.shared_prompt import shared_prompt_hidden
+
+    ids = torch.full((2, 6), 5)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        return shared_prompt_hidden(model, ids, mask, mask.cumsum(1) - 1, 4, 2) is not None
+
+
+def _is_moe(model) -> bool:
+    config = model.config
+    return any(getattr(config, key, None) for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 PAGES = {
     "reference/config.md": config_page,
     "reference/registries.md": registries_page,
     "reference/presets.md": presets_page,
     "reference/doctor.md": doctor_page,
     "reference/rules.md": rules_page,
+    "reference/architectures.md": architectures_page,
 }
 KEYS_COMMENT = re.compile(r"^<!-- config-keys: (.+?) -->$", re.M)
 PACKAGES_COMMENT = re.compile(r"^<!-- optional-packages -->$", re.M)

@@ -236,3 +236,14 @@ def test_the_front_page_renders_in_a_headless_browser(site, tmp_path):
     assert shot.returncode == 0, shot.stderr[-2000:]
     png = (tmp_path / "front.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_the_architectures_page_lists_every_family_and_its_paths(site):
+    from grpoplus.models.families import FAMILIES, VLLM
+
+    page = html.unescape(_page(site, "reference/architectures"))
+    for name in FAMILIES:
+        cells = page[page.index(f"<td><code>{name}</code></td>"):].split("</tr>")[0].split("<td>")[1:]
+        assert cells[-1].startswith(VLLM[name]), name
+        head = cells[2]  # the learner's LM head: chunked unless a scale or soft-cap follows it
+        assert head.startswith("chunked") == (name not in ("granite", "granitemoehybrid", "gemma3_text", "gemma4_text"))

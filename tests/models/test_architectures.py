@@ -17,7 +17,7 @@ from grpoplus.dryrun import dry_run
 from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.logprobs import HEAD_MODEL_TYPES, chunked_head, response_logprobs
 from grpoplus.learner.replay import check_replay, moe_spec
-from grpoplus.models.families import FAMILIES, tiny_family_model
+from grpoplus.models.families import FAMILIES, VLLM, tiny_family_model
 from grpoplus.models.load import builtin_family, is_builtin, load_hf_dir, load_policy
 from grpoplus.models.routing import record_routing, replay_routing
 from grpoplus.models.tokenizer import char_tokenizer
@@ -182,3 +182,25 @@ def test_a_built_in_tiny_model_of_every_architecture_is_named_tiny_type(tmp_path
     path = build_warmstart("arithmetic", size="qwen3_5_text", steps=3, batch_size=4)
     model, _ = load_hf_dir(path, torch.float32)
     assert model.config.model_type == "qwen3_5_text" and model.config.layer_types[-1] == "full_attention"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm: pip install -e '.[vllm]'")
+def test_the_vllm_engine_runs_each_architecture_its_table_says_and_refuses_the_others_in_one_line(family, tok):
+    from grpoplus.rollout import ENGINES, EngineOptions
+    from grpoplus.rollout.base import EngineError
+
+    name, model = family
+    if VLLM[name] != "runs":
+        with pytest.raises(EngineError, match=f"^rollout engine 'vllm' could not run this {name} model .*; use "
+                                              r"rollout.engine=hf") as err:
+            ENGINES.get("vllm")(model, tok, EngineOptions(max_model_len=128))
+        assert "\n" not in str(err.value)
+        return
+    engine = ENGINES.get("vllm")(model, tok, EngineOptions(max_model_len=128))
+    try:
+        r = engine.generate(PROMPTS, SamplingParams(n=G, max_new_tokens=10, seed=0))
+    finally:
+        engine.close()
+    logp, _ = response_logprobs(model, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
+    torch.testing.assert_close(logp * r.response_mask, r.logp_roll * r.response_mask, atol=TOL, rtol=0)
