@@ -98,3 +98,20 @@ def test_multi_turn_trains_on_the_vllm_engine(short_turns_dir, tmp_path):
     # every turn continued from the trajectory's ids: the sampler's and the learner's log-probs of the sampled
     # tokens differ only by vLLM's kernels (the single-turn gap, < 1e-4)
     assert all(0 < r["mismatch/abs_p_diff_max"] < 1e-4 for r in steps)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "granitemoehybrid", "lfm2"])
+def test_the_guess_task_runs_on_a_model_with_recurrent_state(tmp_path, tok, family):
+    # linear attention, Mamba and short convolutions: each trajectory's state carries over its turns (the engine
+    # continues from the ids the trajectory holds) and the learner scores the whole trajectory, environment tokens in
+    from grpoplus.models.families import tiny_family_model
+
+    model_dir = tmp_path / "model"
+    tiny_family_model(tok, family).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "guess"
+    assert main(["train", "--task", "guess", "--model", str(model_dir), "--out", str(out), "max_steps=2",
+                 *SMALL]) == 0
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "env/turns_mean" in r] == [1, 2]
+    assert all(v == v for r in records for v in r.values())  # nothing NaN
