@@ -78,9 +78,12 @@ def test_dirs_that_are_not_models_are_named(writable_nano_dir):
         load_policy(str(writable_nano_dir))
     tiny_model(char_tokenizer(), size="nano").save_pretrained(writable_nano_dir)
     (writable_nano_dir / "config.json").write_text("{ not json")
-    with pytest.raises(ValueError, match="config.json is not a usable model config"):
+    with pytest.raises(ValueError, match="config.json is not readable JSON"):
         load_policy(str(writable_nano_dir))
     (writable_nano_dir / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(ValueError, match="is a 'no-such-architecture' model, an architecture transformers"):
+        load_policy(str(writable_nano_dir))
+    (writable_nano_dir / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": "wide"}))
     with pytest.raises(ValueError, match="config.json is not a usable model config"):
         load_policy(str(writable_nano_dir))
 
