@@ -31,6 +31,7 @@ def test_a_name_that_matches_nothing_or_freezes_everything_is_refused(tok):
 
 
 def test_with_lora_the_key_is_refused_before_anything_loads():
+    pytest.importorskip("peft", reason="learner.lora_rank needs the lora extra: pip install -e '.[lora]'")
     with pytest.raises(ValueError, match="with learner.lora_rank > 0 the whole base is frozen"):
         build_config(overrides=["lora_rank=4", "freeze=[embed_tokens]"])
 

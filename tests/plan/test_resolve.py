@@ -28,7 +28,7 @@ def _fields(value):
 def test_a_role_receives_its_plan_and_no_config_section():
     # A learner rank or a rollout worker is told what it needs; the user's sections stay with the driver (the learner
     # keeps the algorithm's section: its loss is made of it).
-    plan = _plan("beta=0.04", "lora_rank=4")
+    plan = _plan("beta=0.04")
     user_sections = tuple(cls for cls in SECTIONS.values() if cls is not AlgoConfig) + (Config,)
     for role in (plan.learner, plan.rollout):
         assert not [v for v in _fields(role) if isinstance(v, user_sections)]

@@ -145,7 +145,8 @@ def test_parse_specs_errors(user_file):
 def test_an_unquoted_command_line_list_keeps_each_specs_parameters_together():
     from grpoplus.config import build_config
 
-    cfg = build_config(overrides=["rewards=[task,soft_overlong:0.5:max_len=48,cache=8,length_penalty:coef=2]"])
+    cfg = build_config(overrides=["rewards=[task,soft_overlong:0.5:max_len=48,cache=8,length_penalty:coef=2]",
+                                  "overlong_shaping=false"])
     components = parse_reward_specs(cfg.data.rewards, extra={"task": lambda p, c: [0.0] * len(c)})
     assert [(c.name, c.weight, c.kwargs) for c in components] == [
         ("task", 1.0, {}), ("soft_overlong", 0.5, {"max_len": 48, "cache": 8}), ("length_penalty", 1.0, {"coef": 2})]
