@@ -11,9 +11,17 @@ __version__ = "0.1.0"
 __all__ = ["Trainer", "TrainResult", "train", "__version__"]
 
 
+_LAZY = ("Trainer", "TrainResult", "train")
+
+
 def __getattr__(name: str):
-    if name in ("Trainer", "TrainResult", "train"):
+    if name in _LAZY:
         from grpoplus import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'grpoplus' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazily imported ones (tab completion in a notebook lists ``Trainer``)."""
+    return sorted({*globals(), *_LAZY})

@@ -162,7 +162,25 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
     finally:
         progress.close()
         writer.close()
+    if cfg.run.progress:
+        for line in closing_lines(history, run_dir.root):
+            print(line, file=sys.stderr)
     return records
+
+
+def closing_lines(history: list[dict], run: Path) -> list[str]:
+    """What a finished run says last: held-out accuracy from its first evaluation to its last, where its newest
+    checkpoint is, and what to run next."""
+    evals = [(int(r["step"]), r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
+    lines = []
+    if evals:
+        (s0, a0), (s1, a1) = evals[0], evals[-1]
+        lines.append(f"grpoplus: held-out accuracy {a0:.1%} (step {s0}) -> {a1:.1%} (step {s1})")
+    latest = ckpt.latest_checkpoint(run)
+    if latest is not None:
+        lines.append(f"grpoplus: checkpoint {latest} (grpoplus export {run} --out DIR: a Hugging Face model dir)")
+    lines.append(f"grpoplus: next: grpoplus report {run} (curves and samples), grpoplus doctor {run} (run health)")
+    return lines
 
 
 def _notify(callbacks: Sequence[Callable[[dict], Any]], record: dict) -> bool:

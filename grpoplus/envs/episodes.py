@@ -24,6 +24,7 @@ Environment tokens are attended to but carry no loss (``Rollouts.model_mask``); 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -138,11 +139,26 @@ def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bo
 
 
 def _reset(env, row: dict):
-    obs = awaited(env.reset(**row))
+    obs = awaited(env.reset(**reset_kwargs(env.reset, row)))
     if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[1], dict):  # Gymnasium: (observation, info)
         obs = obs[0]
     check_observation(obs)
     return obs
+
+
+def reset_kwargs(reset, row: dict) -> dict:
+    """What ``reset`` takes of the row: every field when it takes ``**row`` (a native environment); the fields it
+    names; else, for a Gymnasium-style ``reset(seed=None, options=None)``, the row as its ``options``."""
+    try:
+        params = inspect.signature(reset).parameters
+    except (TypeError, ValueError):
+        return row
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return row
+    named = {key: value for key, value in row.items() if key in params}
+    if not named and "options" in params:
+        return {"options": dict(row)}
+    return named
 
 
 def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams, limits: EpisodeLimits,

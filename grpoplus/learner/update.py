@@ -238,6 +238,11 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     learner rank calls this with the same batch)."""
     batch = batch.to(compute_device(model))
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
+    if not bool(batch.response_mask.any()):  # every trajectory ended before the model sampled (environment errors)
+        for _ in range(algo.updates_per_batch):
+            scheduler.step()  # the schedule counts optimizer steps, skipped ones too
+        return UpdateResult({"optim/skipped_updates": float(algo.updates_per_batch), "optim/empty_batch": 1.0,
+                             "optim/lr": optimizer.param_groups[0]["lr"]}, None)
     model.train()
     parts, skipped, entropy, k = [], 0, None, first_step
     for _ in range(algo.num_iterations):

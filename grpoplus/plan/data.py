@@ -40,4 +40,11 @@ def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[obje
     else:
         task, held_out = tasks
     test = list(held_out.split("test"))
-    return task, without_prompts(task.split("train"), test), test
+    train = task.split("train")
+    kept = without_prompts(train, test)
+    if train and not kept:
+        raise ValueError(f"every one of the {len(train)} training rows shares its problem with a held-out row (the "
+                         "held-out guard drops a training row whose prompt, or problem_id, a held-out row has): give "
+                         "each row a problem_id field (rows that share one prompt, as when an environment draws its own "
+                         "task) or held-out rows of their own (data.eval_data)")
+    return task, kept, test

@@ -61,3 +61,17 @@ def test_the_learning_rate_follows_the_model_unless_given(capfd):
         "grpoplus: note: learner.lr=1e-06 (full fine-tuning of a 12M-parameter model; set learner.lr to choose)",
         "grpoplus: note: learner.lr=1e-05 (LoRA adapters of a 12M-parameter model; set learner.lr to choose)"]
     assert rate(real, "lr=3e-5") == 3e-5 and capfd.readouterr().err == ""
+
+
+def test_rows_that_all_share_one_prompt_need_a_problem_id_or_held_out_rows_of_their_own(tmp_path):
+    # the idiom of an environment that draws its own task: every row says only "play"
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "play", "answer": str(i)}) + "\n" for i in range(20)))
+    cfg = build_config("dapo", overrides=[f"data={data}", "chat_template=false"])
+    with pytest.raises(ValueError, match=r"^every one of the \d+ training rows shares its problem with a held-out row "
+                                         r".*give each row a problem_id field .* \(data.eval_data\)$"):
+        build_data(cfg, None)
+    data.write_text("".join(json.dumps({"prompt": "play", "answer": str(i), "problem_id": f"game-{i}"}) + "\n"
+                            for i in range(20)))
+    _, train, test = build_data(cfg, None)
+    assert train and test and not {e.fields["problem_id"] for e in train} & {e.fields["problem_id"] for e in test}

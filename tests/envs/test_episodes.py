@@ -191,6 +191,33 @@ def test_gymnasium_shaped_environments_play_and_a_first_observation_is_the_promp
     assert r.prompt_ids[0][r.prompt_mask[0] > 0].tolist() == first
 
 
+class StrictGym:
+    """Gymnasium's own signature: ``reset(*, seed=None, options=None)``; the row reaches it as ``options``."""
+
+    def __init__(self):
+        self.options = None
+
+    def reset(self, *, seed=None, options=None):
+        self.options = options
+        return f"secret of {options['prompt']}", {}
+
+    def step(self, action):
+        return "again", 0.0, False, True, {}
+
+
+def test_a_gymnasium_reset_takes_the_row_as_its_options(engine, tok):
+    made = []
+
+    def factory(**row):
+        made.append(StrictGym())
+        return made[-1]
+
+    r, m = _run(engine, tok, factory)
+    assert m.get("env/ended/error", 0.0) == 0.0 and m["env/ended/done"] + m["env/ended/length"] == 1.0
+    assert {env.options["prompt"] for env in made} == {row["prompt"] for row in ROWS}
+    assert r.prompt_ids[0][r.prompt_mask[0] > 0].tolist() == tok(f"secret of {ROWS[0]['prompt']}")["input_ids"]
+
+
 def test_the_character_markup_is_what_the_observation_ids_say(tok):
     assert tok.decode(observation_ids(tok, "higher")) == CHAR_MARKUP.format(text="higher")
     assert observation_ids(tok, None) == []

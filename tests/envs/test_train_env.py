@@ -115,3 +115,18 @@ def test_the_guess_task_runs_on_a_model_with_recurrent_state(tmp_path, tok, fami
     records = read_metrics(out)
     assert [r["step"] for r in records if "env/turns_mean" in r] == [1, 2]
     assert all(v == v for r in records for v in r.values())  # nothing NaN
+
+
+def test_a_step_whose_every_trajectory_failed_before_sampling_is_counted_and_the_run_goes_on(nano_dir, env_data):
+    # every game of rows "99" cannot start: nothing was sampled, nothing to learn from; the run counts it and goes on
+    rows = [{"prompt": f"{i}?", "answer": "99"} for i in range(8)]
+    (env_data / "broken.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = env_data / "run"
+    args = ["train", "--preset", "grpo", "--model", nano_dir, "--out", str(out), f"data={env_data / 'broken.jsonl'}",
+            f"eval_data={env_data / 'held_out.jsonl'}", "answer_format=raw", f"env={env_data / 'game.py'}:make",
+            "env_timeout_s=0.5", "max_turns=3", "max_steps=2", "eval_size=2", *SMALL]
+    assert main(args) == 0
+    steps = [r for r in read_metrics(out) if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["env/ended/error"] == 1.0 and r["optim/empty_batch"] == 1.0 for r in steps)
+    assert steps[-1]["optim/skipped_total"] == 2 * steps[0]["optim/skipped_updates"] > 0

@@ -41,6 +41,25 @@ def test_train_writes_the_run_directory(nano_dir, tmp_path):
     assert {s["step"] for s in samples} == {1, 2, 3}
 
 
+def test_a_finished_run_says_what_it_learned_where_its_checkpoint_is_and_what_to_run_next(nano_dir, tmp_path, capfd):
+    out = tmp_path / "run"
+    assert _train("--model", nano_dir, "--out", str(out), "max_steps=2", "eval_every=2",
+                  *[o for o in SMALL if o != "progress=false"]) == 0
+    records = read_metrics(out)
+    closing = [line for line in capfd.readouterr().err.splitlines() if line.startswith("grpoplus: ")][-3:]
+    first, last = records[0]["eval/accuracy"], records[-1]["eval/accuracy"]
+    assert closing == [f"grpoplus: held-out accuracy {first:.1%} (step 0) -> {last:.1%} (step 2)",
+                       f"grpoplus: checkpoint {out / 'checkpoints' / 'step-2'} (grpoplus export {out} --out DIR: a "
+                       "Hugging Face model dir)",
+                       f"grpoplus: next: grpoplus report {out} (curves and samples), grpoplus doctor {out} (run health)"]
+
+
+def test_the_package_lists_its_lazily_imported_names():
+    import grpoplus
+
+    assert {"Trainer", "TrainResult", "train", "__version__"} <= set(dir(grpoplus))
+
+
 @pytest.mark.parametrize("preset", AlgoConfig.preset_names())
 def test_every_preset_runs_through_train(nano_dir, tmp_path, preset):
     out = tmp_path / preset
