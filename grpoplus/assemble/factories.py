@@ -120,7 +120,7 @@ def build_task_and_model(plan: RunPlan):
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
     host = where.driver_copy_in_host_memory
     model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device,
-                                    trains=not (host and where.device.startswith("cuda")))
+                                    trains=not (host and where.on_gpus))
     return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
 
 

@@ -104,7 +104,7 @@ def place_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collect
     cfg = plan.config
     r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
     cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
-    gpu = lrn.device.startswith("cuda")
+    gpu = plan.placement.on_gpus
     cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
                          f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
     weights = ray.put(cpu_state_dict(model))

@@ -22,6 +22,7 @@ class Placement:
     cluster: str  # local | ray
     device: str  # learner.device as the driver names it
     process_device: str  # a role's own process: one GPU per process is "cuda"
+    on_gpus: bool
     ranks: int  # learner ranks (learner.data_parallel)
     sharded: bool  # the training state split over the ranks (fsdp2, several ranks)
     shards: int  # how many ranks it is split over (1: whole on every rank)
@@ -38,11 +39,7 @@ class ProcessPlan:
     threads: int  # torch CPU threads (0: torch's default)
     device: str
     tf32: bool
-
-    @property
-    def own_device(self) -> str:
-        """The device as the role's own process names it: one GPU per process is ``cuda``."""
-        return "cuda" if self.device.startswith("cuda") else self.device
+    own_device: str  # the device as the role's own process names it: one GPU per process is ``cuda``
 
 
 @dataclass(frozen=True)
@@ -176,13 +173,14 @@ def resolve(cfg: Config) -> RunPlan:
 
 
 def placement(cfg: Config) -> Placement:
-    return Placement(cfg.run.cluster, cfg.learner.device, where.process_device(cfg), cfg.learner.data_parallel,
+    return Placement(cfg.run.cluster, cfg.learner.device, where.process_device(cfg), where.on_gpus(cfg),
+                     cfg.learner.data_parallel,
                      cfg.learner.sharded, where.shards(cfg), where.whole_copy_in_host_memory(cfg),
                      where.driver_copy_in_host_memory(cfg), cfg.rollout.workers)
 
 
 def process_plan(cfg: Config) -> ProcessPlan:
-    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32)
+    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32, where.process_device(cfg))
 
 
 def policy_plan(cfg: Config) -> PolicyPlan:
