@@ -8,10 +8,10 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "TrainResult", "train", "__version__"]
+__all__ = ["SFTTrainer", "Trainer", "TrainResult", "train", "__version__"]
 
 
-_LAZY = ("Trainer", "TrainResult", "train")
+_LAZY = ("SFTTrainer", "Trainer", "TrainResult", "train")
 
 
 def __getattr__(name: str):

@@ -150,6 +150,31 @@ def train(model=None, **kwargs) -> TrainResult:
     return Trainer(model, **kwargs).train()
 
 
+class SFTTrainer(Trainer):
+    """A supervised stage (``run.stage=sft``): the policy learns to write demonstrations, with the same run directory,
+    metrics, checkpoints, LoRA, precision and learner ranks as an RL run; its checkpoint is a model ``--model`` takes.
+
+    Args:
+        model: as :class:`Trainer`'s.
+        demos: demonstrations: a file (JSONL, JSON, Parquet, a saved ``datasets`` dir), a list of dicts, a
+            ``datasets.Dataset`` or a DataFrame of chat rows (``messages``, optional ``tools``) or prompt /
+            completion rows; None: the demonstrations ``teacher`` writes, else the built-in task's worked answers.
+        teacher: off-policy distillation: a model that writes the demonstrations (``sft.demo_model``).
+        **kwargs: as :class:`Trainer`'s (config keys included: ``max_steps``, ``demos_per_step``, ``lora_rank``...).
+    """
+
+    def __init__(self, model=None, *, demos=None, teacher: str | None = None, tokenizer=None,
+                 config: str | Path | dict | None = None, overrides: Sequence[str] = (), **kwargs):
+        from grpoplus.inputs import dataset_path
+
+        if demos is not None:
+            out = _out_dir(_config_values(config, kwargs), str(config) if isinstance(config, (str, Path)) else None)
+            kwargs["sft.demos"] = dataset_path(demos, out, "demos")
+        if teacher is not None:
+            kwargs["sft.demo_model"] = teacher
+        super().__init__(model, tokenizer=tokenizer, config=config, overrides=["run.stage=sft", *overrides], **kwargs)
+
+
 def _config_values(config, settings: dict) -> dict:
     """Config keys of a ``config`` dict (flattened to dotted keys) with ``settings`` on top."""
     values: dict = {}

@@ -1,4 +1,4 @@
-"""``grpoplus`` command line: train | report | compare | doctor | export | presets | lab | selftest."""
+"""``grpoplus`` command line: train | sft | report | compare | doctor | export | presets | lab | selftest."""
 
 from __future__ import annotations
 
@@ -67,6 +67,37 @@ def _train(args) -> int:
     return 0
 
 
+def _add_sft(sub) -> None:
+    p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations (a warm start before RL)",
+                       description="Train the policy to write demonstrations: chat rows (--demos FILE), a model's own "
+                                   "samples of the task's prompts (--teacher MODEL: off-policy distillation), or the "
+                                   "built-in task's worked answers. The run directory, metrics, checkpoints, LoRA, "
+                                   "precision and learner ranks are an RL run's; --model of `grpoplus train` takes its "
+                                   "checkpoint, e.g. `grpoplus sft --model smollm2 --demos demos.jsonl --out runs/sft "
+                                   "max_steps=100`. See --help-config for every key (the sft section).")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config field")
+    p.add_argument("--demos", help="demonstrations: JSONL / JSON / Parquet / datasets dir of chat or prompt/completion rows")
+    p.add_argument("--teacher", help="a model that writes the demonstrations (sft.demo_model)")
+    p.add_argument("--config", default=None, help="YAML file of config values (nested by section or flat)")
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its last complete checkpoint")
+    for flag in ("task", "out", "model", "data", "eval_data", "seed"):
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
+    p.add_argument("--max-steps", dest="max_steps", type=int)
+    p.add_argument("--help-config", action="store_true", help="list every config key with its value and exit")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true",
+                   help="check the config and print the plan, loading no model and starting nothing")
+    p.set_defaults(func=_sft, preset=None)
+
+
+def _sft(args) -> int:
+    """``grpoplus train`` with run.stage=sft and the sft flags as their keys."""
+    args.overrides = ["run.stage=sft"] + [f"{key}={value}" for key, value in
+                                          (("sft.demos", args.demos), ("sft.demo_model", args.teacher))
+                                          if value is not None] + list(args.overrides)
+    args.prompt_field = args.answer_field = None
+    return _train(args)
+
+
 def _presets(args) -> int:
     from grpoplus.algo import AlgoConfig
     from grpoplus.algo.presets import describe
@@ -85,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpoplus", description="RL post-training with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_sft(sub)
     register_commands(sub)
     register_export(sub)
     sub.add_parser("presets", help="list the algorithm presets: what each sets, and its paper").set_defaults(func=_presets)
@@ -97,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may stand anywhere among train's flags (argparse takes positionals once).
-    stray = [word for word in extra if word.startswith("-") or "=" not in word or args.command != "train"]
+    stray = [word for word in extra if word.startswith("-") or "=" not in word or args.command not in ("train", "sft")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:

@@ -177,6 +177,7 @@ class Collected:
     batch: ScoredGroups | None  # the groups to train on; None when every drawn group was filtered out
     drawn: list[ScoredGroups]  # every sampling round of the step, for the step's metrics
     metrics: dict[str, float]  # reward pipeline, sampling and timing metrics of the collection
+    sampled: bool = True  # False: demonstrations (a supervised stage), whose rewards and lengths say nothing
 
 
 @dataclass

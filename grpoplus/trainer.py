@@ -37,7 +37,8 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
         give_back_freed_memory()  # what the rollout freed, before the learner allocates (the learner's
         # ranks give back what their update freed themselves: grpoplus.distributed.learner.update_step)
     metrics = dict(collected.metrics)
-    metrics.update(rollout_metrics(collected.drawn, collected.batch))
+    if collected.sampled:
+        metrics.update(rollout_metrics(collected.drawn, collected.batch))
     if collected.batch is None:  # every group had zero spread: nothing to train on this step
         metrics.update({"optim/skipped_updates": 0.0, "time/learner_s": 0.0})
         c.learner.publish(version=step)  # versions count steps, trained on or not (bounded staleness relies on it)
@@ -51,7 +52,8 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     trained = float(response_mask.sum())
     drawn = sum(float(s.rollouts.response_mask.sum()) for s in collected.drawn)
     metrics.update(result.metrics)
-    metrics.update(entropy_metrics(result.entropy, collected.batch.rollouts.sampled_mask))  # the policy's tokens
+    if collected.sampled:
+        metrics.update(entropy_metrics(result.entropy, collected.batch.rollouts.sampled_mask))  # the policy's tokens
     metrics.update({"time/learner_s": learner_s,
                     "throughput/learner_tok_s": trained * cfg.algo.num_iterations / max(learner_s, 1e-9),
                     "throughput/rollout_tok_s": drawn / max(metrics["time/rollout_s"], 1e-9)})
@@ -59,9 +61,20 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
 
 
 def run_eval(cfg: Config, c: Components, step: int) -> dict:
-    return evaluate(c.engine, c.task, c.test, max_new_tokens=cfg.rollout.max_new_tokens,
-                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                    samples=cfg.rollout.eval_samples, seed=cfg.run.seed * 7919 + step, episodes=c.collect_plan.episodes)
+    """Held-out accuracy on the task (greedy and sampled); a supervised stage's held-out demonstrations' loss too
+    (``eval/loss``), and its accuracy only with ``sft.eval_accuracy``."""
+    metrics = {}
+    if c.demos is not None and c.demos.held_out:
+        from grpoplus.sft.collect import held_out_loss
+
+        metrics["eval/loss"] = held_out_loss(c.learner.parts.policy, c.demos.held_out, c.tokenizer.pad_token_id,
+                                             c.learner.plan)
+    if c.demos is None or cfg.sft.eval_accuracy:
+        metrics.update(evaluate(c.engine, c.task, c.test, max_new_tokens=cfg.rollout.max_new_tokens,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                samples=cfg.rollout.eval_samples, seed=cfg.run.seed * 7919 + step,
+                                episodes=c.collect_plan.episodes))
+    return metrics
 
 
 def trainer_state(c: Components, step: int, counters: dict) -> dict:
@@ -206,6 +219,11 @@ class Progress:
 
     def update(self, step: int, m: dict) -> None:
         self.acc = m.get("eval/accuracy", self.acc)
+        if "loss/nll" in m or "sft/demos" in m:  # a supervised stage: its loss, not rewards
+            self.bar.set_postfix({"loss": f"{m.get('loss/nll', 0):.3f}", "acc": "-" if self.acc is None else
+                                  f"{self.acc:.2f}", "s/step": f"{m.get('time/step_s', 0):.2f}"}, refresh=False)
+            self.bar.update(step - self.bar.n)
+            return
         post = {"reward": f"{m.get('reward/mean', 0):.3f}", "acc": "-" if self.acc is None else f"{self.acc:.2f}",
                 "len": f"{m.get('length/mean', 0):.1f}", "ent": f"{m.get('policy/entropy_mean', 0):.2f}",
                 "s/step": f"{m.get('time/step_s', 0):.2f}"}

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from grpoplus.envs.render import observation_ids
-from grpoplus.models.load import TINY_MOE, builtin_family, load_hf_dir, prepared
+from grpoplus.models.load import TINY_MOE, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
@@ -276,6 +276,11 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
     """``(model, tokenizer)`` of a built-in tiny model (``None``: the Llama, ``"tiny-moe"``: the mixture of experts)
     warm-started on ``task`` (built on first use, then cached). ``seed`` seeds its warm start (initial weights and
     supervised data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts it never trains on."""
+    if model == TINY_UNTRAINED:  # as initialised by ``seed``: what a supervised stage starts from
+        tokenizer = char_tokenizer()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device)
     if task is None:
         raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
     size = "moe" if model == TINY_MOE else builtin_family(model) or "small"

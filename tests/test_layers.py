@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "grpoplus"
-LEAVES = ("algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher")
+LEAVES = ("algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher", "sft")
 UPPER = ("config", "plan", "assemble", "trainer", "api", "cli", "dryrun", "selftest", "lab")
 
 

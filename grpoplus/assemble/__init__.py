@@ -39,6 +39,7 @@ class Components:
     learner: object  # grpoplus.distributed.learner.Learner, or the Ray learner group
     collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
     cluster: object | None = None  # the Ray connection of cluster=ray
+    demos: object | None = None  # a supervised stage's demonstrations (grpoplus.sft.source.DemoSet)
 
     def close(self) -> None:
         self.collector.close()
@@ -67,6 +68,12 @@ def assemble(plan: RunPlan) -> Components:
     else:
         roles = place_local(plan, build_lora(plan.lora, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
                             collection, replay)
+    demos = collector = None
+    if cfg.run.stage == "sft":  # demonstrations instead of rollouts; the engine still samples the evaluations
+        from grpoplus.assemble.sft import build_demos, demo_collector
+
+        demos = build_demos(plan, task, train, tokenizer)
+        collector = demo_collector(cfg, demos, tokenizer)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
-                      collection.sampler, collection.generator, collection.plan, roles.learner, roles.collector,
-                      roles.cluster)
+                      collection.sampler, collection.generator, collection.plan, roles.learner,
+                      collector or roles.collector, roles.cluster, demos)

@@ -186,6 +186,7 @@ def build_engine(engine: EnginePlan, model, tokenizer, record_routing: bool = Fa
 
 TOY_PARAMETERS = 10_000_000  # below this a model is a toy (the built-in tiny ones: 0.34M), trained at a toy's rate
 LEARNING_RATES = {"toy": 2e-4, "full": 1e-6, "lora": 1e-5}
+SFT_LEARNING_RATES = {"toy": 3e-3, "full": 1e-5, "lora": 1e-4}  # a supervised stage's (the built-in warm start's toy rate)
 
 
 def learning_rate(opt: OptimizerPlan, model: torch.nn.Module) -> float:
@@ -195,12 +196,13 @@ def learning_rate(opt: OptimizerPlan, model: torch.nn.Module) -> float:
         return opt.lr
     size = sum(p.numel() for p in model.parameters())
     kind = "toy" if size < TOY_PARAMETERS else "lora" if opt.lora else "full"
+    rates = SFT_LEARNING_RATES if opt.stage == "sft" else LEARNING_RATES
     follower = torch.distributed.is_initialized() and torch.distributed.get_rank() > 0
     if kind != "toy" and not follower:
         what = "LoRA adapters" if kind == "lora" else "full fine-tuning"
-        print(f"grpoplus: note: learner.lr={LEARNING_RATES[kind]:g} ({what} of a {size / 1e6:.0f}M-parameter model; "
-              "set learner.lr to choose)", file=sys.stderr)
-    return LEARNING_RATES[kind]
+        print(f"grpoplus: note: learner.lr={rates[kind]:g} ({what} of a {size / 1e6:.0f}M-parameter model"
+              f"{', supervised' if opt.stage == 'sft' else ''}; set learner.lr to choose)", file=sys.stderr)
+    return rates[kind]
 
 
 def build_optimizer(opt: OptimizerPlan, model):

@@ -368,3 +368,29 @@ def _check_packages(cfg: Config) -> None:
     math_task = cfg.data.data is None and cfg.data.task == "wordproblems"  # its verifier is the math one
     if cfg.data.data is not None or math_task or "math" in reward_names:  # the math verifier runs math-verify
         require_package("math_verify")
+
+
+@rule("supervised_stage")
+def _supervised_stage(cfg: Config) -> None:
+    """A supervised stage (run.stage=sft) has one source of demonstrations and sizes of at least 1, runs on this
+    machine's ranks, and trains no teacher's distillation (its teacher writes demonstrations: sft.demo_model)."""
+    s = cfg.sft
+    for key, value in {"sft.demos_per_step": s.demos_per_step, "sft.demo_samples": s.demo_samples}.items():
+        if value < 1:
+            raise ValueError(f"config key {key} must be >= 1, got {value}")
+    for key, value in {"sft.eval_demos": s.eval_demos, "sft.max_length": s.max_length}.items():
+        if value < 0:
+            raise ValueError(f"config key {key} must be >= 0, got {value}")
+    if not 0.0 <= s.direct_frac <= 1.0:
+        raise ValueError(f"config key sft.direct_frac must be in [0, 1], got {s.direct_frac}")
+    if cfg.run.stage != "sft":
+        return
+    if s.demos is not None and s.demo_model is not None:
+        raise ValueError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
+                         "demonstrations: give one")
+    if cfg.run.cluster == "ray":
+        raise ValueError("run.stage=sft runs on this machine (one process or learner.data_parallel ranks): use "
+                         "cluster=local")
+    if cfg.learner.teacher is not None:
+        raise ValueError(f"learner.teacher={cfg.learner.teacher!r} distils on-policy in RL; a supervised stage learns "
+                         "from a model's samples with sft.demo_model (grpoplus sft --teacher MODEL)")

@@ -58,6 +58,9 @@ class RunConfig:
     cluster: Literal["local", "ray"] = "local"
     """local: this machine (one process, or learner.data_parallel ranks it starts; torchrun works too) |
     ray: the roles as Ray actors (rollout workers, learner ranks) and tasks (reward scoring), see the ray section."""
+    stage: Literal["rl", "sft"] = "rl"
+    """rl: reinforcement learning (grpoplus train) | sft: supervised fine-tuning on demonstrations (grpoplus sft; the
+    sft section says which), whose final checkpoint --model takes for RL."""
 
 
 @dataclass
@@ -248,6 +251,39 @@ class LearnerConfig:
 
 
 @dataclass
+class SftConfig:
+    demos: str | None = None
+    """Demonstrations to imitate (run.stage=sft): a JSONL / JSON / Parquet file or datasets directory of chat rows
+    ({"messages": [...], "tools": [...]}, roles system / user / assistant / tool, assistant tool_calls in the OpenAI
+    layout) or prompt / completion rows. None: the demonstrations sft.demo_model writes, else the built-in task's
+    worked answers."""
+    messages_field: str = "messages"
+    """The column of sft.demos that holds each row's chat messages."""
+    demos_per_step: int = 32
+    """Demonstrations per optimizer step (drawn in a shuffled order, epoch after epoch)."""
+    eval_demos: int = 64
+    """Demonstrations held out (at most a fifth of them): their loss is eval/loss at every evaluation."""
+    eval_accuracy: bool = True
+    """Also measure the held-out accuracy on the run's task (data.task or data.data) at every evaluation, as an RL
+    run does; false: the held-out demonstrations' loss alone."""
+    max_length: int = 0
+    """Longest demonstration in tokens, prompt included (longer ones are cut there, counted in sft/cut); 0: no
+    limit."""
+    direct_frac: float = 0.5
+    """A built-in task's demonstrations: the share that gives the final answer alone instead of the worked answer
+    (the built-in warm start's mixture: a partly trained policy that RL then improves)."""
+    demo_model: str | None = None
+    """Off-policy distillation: a model (an HF directory, a .gguf file, smollm2) that writes the demonstrations: it
+    samples sft.demo_samples responses to each training prompt of the task, and the policy learns to write them.
+    It must share the policy's tokenizer."""
+    demo_samples: int = 1
+    """Responses sft.demo_model samples per training prompt."""
+    demo_filter: Literal["correct", "all"] = "correct"
+    """Which of sft.demo_model's responses are kept: correct (the task's verifier accepts them: rejection sampling)
+    | all."""
+
+
+@dataclass
 class RayConfig:
     address: str | None = None
     """None: start a local Ray instance; "auto" or "host:port": join that running Ray cluster (cluster=ray)."""
@@ -272,6 +308,7 @@ SECTIONS: dict[str, type] = {
     "learner": LearnerConfig,
     "algo": AlgoConfig,
     "ray": RayConfig,
+    "sft": SftConfig,
 }
 
 BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"},
@@ -289,6 +326,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.preset("dapo"))
     ray: RayConfig = field(default_factory=RayConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
     def to_dict(self) -> dict:
         return {name: section_dict(getattr(self, name)) for name in SECTIONS}

@@ -83,7 +83,9 @@ def _arrow_dir_rows(path: Path) -> Iterator[tuple[int, object]]:
     yield from _table_rows(tables)
 
 
-def _rows(path: Path) -> Iterator[tuple[int, object]]:
+def read_rows(path: Path) -> Iterator[tuple[int, object]]:
+    """``(line or row number, row)`` of a JSONL, JSON, Parquet file or ``datasets`` directory; a JSONL line that is
+    not JSON comes as a ``_BadRow`` carrying the reason."""
     if path.is_dir():
         return _arrow_dir_rows(path)
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
@@ -138,7 +140,7 @@ def load_records(
     data = LoadedData(records=[])
     seen_fields: set[str] = set()
     used = {prompt_field: False, answer_field: False}
-    for line_no, row in _rows(path):
+    for line_no, row in read_rows(path):
         if isinstance(row, dict):
             seen_fields.update(row)
             for name in used:

@@ -48,6 +48,7 @@ class LearnerPlan:
     release_after_update: bool = False  # freed memory goes back to the system after each batch's update
     precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)
     sharded: bool = False  # learner.strategy=fsdp2 over several ranks: every rank runs as many forwards
+    objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -103,6 +104,8 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     ``teacher`` (grpoplus.teacher): on-policy distillation's, scoring the sampled tokens (section 11);
     ``hooks``: how the no-grad passes meet the other ranks (a sharded learner's ranks each score 1/N of the rows)."""
     r = scored.rollouts
+    if plan.objective == "sft":
+        return demonstration_batch(r), None, {}
     if plan.routing_replay == "r3" and r.routing is None:
         raise ValueError("algo.routing_replay=r3 replays the rollout engine's expert routing, but the engine returned "
                          "none: use rollout.engine=hf, or algo.routing_replay=r2")
@@ -141,6 +144,14 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
                        r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing)
     return batch, entropy, metrics
+
+
+def demonstration_batch(r: Rollouts) -> TrainBatch:
+    """A supervised stage's batch: the loss on the demonstrated tokens (``sampled_mask``: observations masked out),
+    no advantage, no pi_old (the objective has no ratio) and no reference."""
+    n = len(r.group_ids)
+    return TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.sampled_mask.float(),
+                      torch.zeros(n), r.logp_roll, None, None, r.group_ids)
 
 
 def teacher_advantages(teacher, r: Rollouts, advantages: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,

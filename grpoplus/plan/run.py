@@ -74,6 +74,7 @@ class OptimizerPlan:
     warmup_steps: int
     schedule: str
     total_steps: int  # optimizer steps of the whole run
+    stage: str = "rl"  # rl | sft: the default rates differ (a supervised stage takes larger steps)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class UpdatePlan:
     release_after_update: bool  # memory policy: and after each update
     precision: str
     sharded: bool
+    objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ def lora_plan(cfg: Config) -> LoraPlan:
 def optimizer_plan(cfg: Config) -> OptimizerPlan:
     lrn = cfg.learner
     return OptimizerPlan(lrn.lr, lrn.lora_rank > 0, lrn.weight_decay, (lrn.adam_beta1, lrn.adam_beta2),
-                         lrn.warmup_steps, lrn.lr_schedule, cfg.run.max_steps * cfg.algo.updates_per_batch)
+                         lrn.warmup_steps, lrn.lr_schedule, cfg.run.max_steps * stage_algo(cfg).updates_per_batch,
+                         cfg.run.stage)
 
 
 def logp_old_source(cfg: Config) -> str:
@@ -228,24 +231,36 @@ def logp_old_mode(algo: AlgoConfig, source: str, uses_reference: bool) -> str:
 
 
 def update_plan(cfg: Config) -> UpdatePlan:
-    lrn, algo, memory = cfg.learner, cfg.algo, cfg.run.release_memory
-    return UpdatePlan(cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
-                      logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0), lrn.micro_batch_tokens,
-                      algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0, lrn.share_prompts,
-                      lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0, memory != "off",
-                      lrn.precision, lrn.sharded)
+    lrn, algo, memory = cfg.learner, stage_algo(cfg), cfg.run.release_memory
+    sft = cfg.run.stage == "sft"
+    return UpdatePlan(1.0 if sft else cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
+                      "forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
+                      lrn.micro_batch_tokens, algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0,
+                      lrn.share_prompts, lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0,
+                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy")
+
+
+SFT_ALGO = AlgoConfig()
+"""A supervised stage's update: one optimizer step per batch, the loss averaged over the batch's demonstrated
+tokens (token_mean), no reference, no ratio: the algorithm section of the config does not act in it."""
+
+
+def stage_algo(cfg: Config) -> AlgoConfig:
+    """The algorithm the learner runs: the config's for RL, :data:`SFT_ALGO` for a supervised stage."""
+    return SFT_ALGO if cfg.run.stage == "sft" else cfg.algo
 
 
 def reference_kind(cfg: Config) -> str:
-    if cfg.algo.beta <= 0:
+    if stage_algo(cfg).beta <= 0:
         return "none"
     return "adapters_off" if cfg.learner.lora_rank > 0 else "copy"
 
 
 def learner_role(cfg: Config) -> LearnerRolePlan:
     lrn = cfg.learner
-    return LearnerRolePlan(process_plan(cfg), policy_plan(cfg), optimizer_plan(cfg), update_plan(cfg), cfg.algo,
-                           reference_kind(cfg), lrn.teacher, lrn.data_parallel, lrn.sharded,
+    sft = cfg.run.stage == "sft"
+    return LearnerRolePlan(process_plan(cfg), policy_plan(cfg), optimizer_plan(cfg), update_plan(cfg), stage_algo(cfg),
+                           reference_kind(cfg), None if sft else lrn.teacher, lrn.data_parallel, lrn.sharded,
                            where.whole_copy_in_host_memory(cfg), lrn.cpu_offload, lrn.collective_timeout_s,
                            tuple(lrn.freeze))
 
@@ -257,5 +272,5 @@ def engine_plan(cfg: Config) -> EnginePlan:
 
 
 def rollout_role(cfg: Config) -> RolloutRolePlan:
-    return RolloutRolePlan(process_plan(cfg), policy_plan(cfg), engine_plan(cfg), cfg.algo.routing_replay,
+    return RolloutRolePlan(process_plan(cfg), policy_plan(cfg), engine_plan(cfg), stage_algo(cfg).routing_replay,
                            cfg.run.release_memory != "off", cfg.rollout.engine == "vllm")

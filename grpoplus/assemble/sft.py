@@ -1,0 +1,112 @@
+"""A supervised stage's demonstrations and collector (run.stage=sft): from ``sft.demos``, from ``sft.demo_model``'s
+samples of the task's training prompts (off-policy distillation, kept in the run directory so a resumed stage trains
+on the same ones), or from a built-in task's worked answers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from grpoplus.config import Config
+from grpoplus.containers import SamplingParams
+from grpoplus.plan.run import RunPlan
+from grpoplus.sft.collect import DemoCollector
+from grpoplus.sft.demos import Demo
+from grpoplus.sft.source import DemoSet, cut_count, file_demos, split_held_out, task_demos
+
+TEACHER_DEMOS = "teacher_demos.jsonl"
+"""In the run directory: sft.demo_model's demonstrations as ids (written once; a resumed stage reads them back)."""
+
+
+def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
+    """The stage's demonstrations, split into training and held-out ones (``sft.eval_demos``)."""
+    cfg, s = plan.config, plan.config.sft
+    skipped: list[tuple[int, str]] = []
+    if s.demos is not None:
+        demos, skipped = file_demos(s.demos, tokenizer, s.messages_field, s.max_length, cfg.data.on_bad_row)
+    elif s.demo_model is not None:
+        demos = teacher_demos(plan, task, train, tokenizer)
+    else:
+        demos = task_demos(task, train, tokenizer, s.direct_frac, cfg.run.seed, s.max_length)
+    for _, reason in skipped[:3]:
+        print(f"grpoplus sft: skipped {reason}", file=sys.stderr)
+    if len(skipped) > 3:
+        print(f"grpoplus sft: skipped {len(skipped)} demonstrations in all", file=sys.stderr)
+    kept, held_out = split_held_out(demos, s.eval_demos, cfg.run.seed)
+    return DemoSet(kept, held_out, skipped, cut_count(demos, s.max_length))
+
+
+def demo_collector(cfg: Config, demos: DemoSet, tokenizer) -> DemoCollector:
+    return DemoCollector(demos.train, cfg.sft.demos_per_step, tokenizer.pad_token_id, cfg.run.seed)
+
+
+def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> list[Demo]:
+    """``sft.demo_model``'s responses to the training prompts (``sft.demo_samples`` each, sampled as the rollouts
+    are: rollout.temperature, top_p, max_new_tokens), those the task's verifier accepts (``sft.demo_filter=correct``)
+    or all; read back from the run directory when an earlier call of this stage wrote them."""
+    cfg = plan.config
+    saved = Path(cfg.run.out) / TEACHER_DEMOS
+    if saved.is_file():
+        return [Demo(tuple(r["prompt"]), tuple(r["response"]), tuple(r["trained"]))
+                for r in map(json.loads, saved.read_text().splitlines())]
+    rollouts = sample_teacher(plan, train, tokenizer)
+    correct = verdicts(task, train, rollouts, cfg.sft.demo_samples)
+    keep = [i for i in range(len(correct)) if correct[i] or cfg.sft.demo_filter == "all"]
+    if not keep:
+        raise ValueError(f"sft.demo_model={cfg.sft.demo_model!r} answered none of the {len(train)} training prompts "
+                         "correctly: keep its answers anyway with sft.demo_filter=all, or use a stronger model")
+    demos = [teacher_demo(rollouts, i) for i in keep]
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text("".join(json.dumps({"prompt": list(d.prompt), "response": list(d.response),
+                                         "trained": list(d.trained)}) + "\n" for d in demos))
+    print(f"grpoplus sft: {cfg.sft.demo_model} wrote {len(correct)} responses, {sum(correct)} correct; training on "
+          f"{len(demos)} ({saved})", file=sys.stderr)
+    return demos
+
+
+def sample_teacher(plan: RunPlan, train: list, tokenizer):
+    """The demonstration model's rollouts of every training prompt, in batches, with the run's seed."""
+    from grpoplus.assemble.factories import build_engine
+    from grpoplus.models.load import load_policy
+    from grpoplus.teacher import check_vocabulary
+
+    cfg = plan.config
+    check_vocabulary(cfg.sft.demo_model, tokenizer)
+    model, _ = load_policy(cfg.sft.demo_model, device=plan.placement.device, trains=False)
+    engine = build_engine(plan.rollout.engine, model, tokenizer)
+    r = cfg.rollout
+    params = SamplingParams(n=cfg.sft.demo_samples, temperature=r.temperature, top_p=r.top_p,
+                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    parts = []
+    try:
+        for start in range(0, len(train), r.prompts_per_step):
+            chunk = train[start:start + r.prompts_per_step]
+            parts.append(engine.generate([ex.prompt for ex in chunk], params, list(range(start, start + len(chunk))),
+                                         generator))
+    finally:
+        engine.close()
+    from grpoplus.containers import Rollouts
+
+    return Rollouts.concat(parts, tokenizer.pad_token_id)
+
+
+def verdicts(task, train: list, rollouts, samples: int) -> list[bool]:
+    """The task verifier's verdict on every sampled response (groups of ``samples`` rows per training prompt)."""
+    from grpoplus.tasks.base import is_correct, reward_fields
+
+    examples = [train[i // samples] for i in range(len(rollouts.texts))]
+    scores = task.reward([ex.prompt for ex in examples], rollouts.texts, **reward_fields(examples))
+    return [is_correct(s) for s in scores]
+
+
+def teacher_demo(rollouts, i: int) -> Demo:
+    """Row ``i`` of the teacher's rollouts as a demonstration (its sampled tokens trained on)."""
+    prompt = rollouts.prompt_ids[i][rollouts.prompt_mask[i].bool()].tolist()
+    n = int(rollouts.response_mask[i].sum())
+    response = rollouts.response_ids[i, :n].tolist()
+    trained = rollouts.sampled_mask[i, :n].long().tolist()
+    return Demo(tuple(prompt), tuple(response), tuple(trained))

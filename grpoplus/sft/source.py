@@ -1,0 +1,85 @@
+"""Where a supervised stage's demonstrations come from: a file of chat rows, a built-in task's own worked answers,
+or a teacher's samples (off-policy distillation); each made into :class:`~grpoplus.sft.demos.Demo` rows once, before
+the first step, and split into training and held-out demonstrations."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpoplus.sft.demos import Demo, DemoError, checked_messages, render, row_tools, turns_demo
+
+
+@dataclass
+class DemoSet:
+    """The stage's demonstrations: ``train`` and ``held_out`` rows, the rows skipped with their reason, and how
+    many were cut at ``sft.max_length``."""
+
+    train: list[Demo]
+    held_out: list[Demo]
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    cut: int = 0
+
+
+def file_demos(path: str | Path, tokenizer, messages_field: str, max_length: int, on_bad_row: str
+               ) -> tuple[list[Demo], list[tuple[int, str]]]:
+    """Every usable row of a demonstrations file, rendered; a bad row is skipped with its reason (``on_bad_row=skip``)
+    or stops the load in one line naming it (``error``)."""
+    from grpoplus.data.loaders import read_rows
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"sft.demos: demonstrations file {str(path)!r} does not exist")
+    demos, skipped = [], []
+    for line, row in read_rows(path):
+        where = f"{path}: line {line}"
+        try:
+            if isinstance(row, Exception):
+                raise DemoError(f"{where}: {row}")
+            demos.append(render(tokenizer, checked_messages(row, where, messages_field), row_tools(row, where),
+                                max_length))
+        except DemoError as bad:
+            if on_bad_row == "error":
+                raise
+            skipped.append((line, str(bad)))
+    if not demos:
+        reasons = "; ".join(reason for _, reason in skipped[:3])
+        raise ValueError(f"sft.demos: {path} holds no usable demonstration ({len(skipped)} rows skipped: {reasons})")
+    return demos, skipped
+
+
+def task_demos(task, examples: list, tokenizer, direct_frac: float, seed: int, max_length: int) -> list[Demo]:
+    """A built-in task's demonstrations: each training problem's prompt (as the engine is given it) and the task's
+    worked answer (``sft_target``; with probability ``direct_frac`` its final ``#answer`` alone), or a multi-turn
+    task's whole games (``sft_episode``)."""
+    if not hasattr(task, "sft_target") and not hasattr(task, "sft_episode"):
+        raise ValueError(f"task {getattr(task, 'name', task)!r} has no worked answers to learn from: give "
+                         "demonstrations (sft.demos FILE) or a model that writes them (sft.demo_model)")
+    rng = random.Random(seed)
+    demos = []
+    for example in examples:
+        if hasattr(task, "sft_episode"):
+            turns = task.sft_episode(example, rng)
+        else:
+            worked = task.sft_target(example)
+            turns = [("#" + worked.rpartition("#")[2] if rng.random() < direct_frac else worked, None)]
+        demos.append(turns_demo(tokenizer, tokenizer(example.prompt)["input_ids"], turns, max_length))
+    return demos
+
+
+def split_held_out(demos: list[Demo], held_out: int, seed: int) -> tuple[list[Demo], list[Demo]]:
+    """(train, held_out): ``held_out`` demonstrations drawn by ``seed`` (at most a fifth of them), the rest in their
+    order."""
+    n = min(held_out, len(demos) // 5)
+    if n <= 0:
+        return list(demos), []
+    picked = set(torch.randperm(len(demos), generator=torch.Generator().manual_seed(seed)).tolist()[:n])
+    return [d for i, d in enumerate(demos) if i not in picked], [d for i, d in enumerate(demos) if i in picked]
+
+
+def cut_count(demos: list[Demo], max_length: int) -> int:
+    """How many demonstrations reach ``max_length`` tokens (cut there)."""
+    return sum(d.tokens >= max_length for d in demos) if max_length else 0

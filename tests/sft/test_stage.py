@@ -1,0 +1,133 @@
+"""The supervised stage: its loss is the demonstrated tokens' cross-entropy whatever the micro-batches, it learns, it
+resumes exactly, its checkpoint is a model RL takes, and a teacher's samples can be its demonstrations."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpoplus.algo import AlgoConfig
+from grpoplus.learner.prepare import LearnerPlan, prepare
+from grpoplus.learner.update import optimizer_step
+from grpoplus.models.tiny import tiny_model
+from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.sft.collect import demo_batch, held_out_loss
+from grpoplus.sft.demos import turns_demo
+
+
+def demos(tok):
+    rows = [("12+3=", [("#15", None)]), ("7*6=", [("42", "no"), ("#42", None)]), ("1+1=", [("#2", None)])]
+    return [turns_demo(tok, tok(p)["input_ids"], turns) for p, turns in rows]
+
+
+def hf_loss(model, tok, ds) -> torch.Tensor:
+    """transformers' own causal-LM loss: right-padded rows, labels -100 except on the trained tokens."""
+    rows = [list(d.prompt) + list(d.response) for d in ds]
+    labels = [[-100] * len(d.prompt) + [t if k else -100 for t, k in zip(d.response, d.trained)] for d in ds]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
+    return model(input_ids=ids, attention_mask=mask, labels=lab).loss
+
+
+@pytest.mark.parametrize("micro", [1, 2, 8])
+def test_the_loss_is_transformers_cross_entropy_whatever_the_micro_batches(micro):
+    tok = char_tokenizer()
+    model = tiny_model(tok, size="nano", seed=0)
+    ds = demos(tok)
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=micro, max_grad_norm=1e9, logp_old="forward", objective="sft")
+    batch, _, _ = prepare(demo_batch(ds, tok.pad_token_id), model, None, AlgoConfig(), plan)
+    expected = hf_loss(model, tok, ds)
+    expected.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    metrics, stepped, _ = optimizer_step(model, optimizer, batch, AlgoConfig(), plan)
+    assert stepped and metrics["loss/nll"] == pytest.approx(float(expected), rel=1e-5)
+    assert "loss/policy" not in metrics
+    model.zero_grad()
+    optimizer_step_grads = _grads_of_step(model, batch, plan)
+    for name, grad in want.items():
+        torch.testing.assert_close(optimizer_step_grads[name], grad, rtol=1e-4, atol=1e-6)
+    assert held_out_loss(model, ds, tok.pad_token_id, plan) == pytest.approx(float(expected), rel=1e-5)
+
+
+def _grads_of_step(model, batch, plan):
+    """The accumulated gradient of one optimizer step (captured before the optimizer clears it)."""
+    grads = {}
+
+    class Capture(torch.optim.SGD):
+        def step(self, closure=None):
+            grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    optimizer_step(model, Capture(model.parameters(), lr=0.0), batch, AlgoConfig(), plan)
+    return grads
+
+
+def sft_trainer(out, **settings):
+    from grpoplus import SFTTrainer
+
+    base = dict(out=str(out), max_steps=6, demos_per_step=16, eval_every=0, eval_samples=0, eval_size=16,
+                eval_demos=16, progress=False, loggers=[], save_every=3)
+    return SFTTrainer("tiny-untrained", **{**base, **settings})
+
+
+@pytest.mark.slow
+def test_it_learns_and_resumes_exactly(tmp_path):
+    whole = sft_trainer(tmp_path / "whole").train()
+    losses = [r["loss/nll"] for r in whole.metrics if "loss/nll" in r]
+    evals = [r["eval/loss"] for r in whole.metrics if "eval/loss" in r]
+    assert losses[-1] < losses[0] and evals[-1] < evals[0]
+    sft_trainer(tmp_path / "cut", max_steps=3).train()
+    from grpoplus import Trainer
+
+    resumed = Trainer.resume(tmp_path / "cut", ["max_steps=6"]).train()
+    assert [r["loss/nll"] for r in resumed.metrics if "loss/nll" in r] == losses[3:]
+    a = torch.load(whole.checkpoint / "trainer_state.pt", weights_only=False)["sampler"]
+    b = torch.load(resumed.checkpoint / "trainer_state.pt", weights_only=False)["sampler"]
+    assert a == b
+
+
+@pytest.mark.slow
+def test_its_checkpoint_is_a_model_rl_takes(tmp_path):
+    from grpoplus import Trainer
+
+    done = sft_trainer(tmp_path / "sft", max_steps=2).train()
+    rl = Trainer(model=str(done.checkpoint), out=str(tmp_path / "rl"), max_steps=1, prompts_per_step=2, group_size=2,
+                 eval_size=4, eval_samples=0, progress=False, loggers=[]).train()
+    assert rl.final["step"] == 1
+
+
+@pytest.mark.slow
+def test_off_policy_distillation_trains_on_the_teachers_correct_samples(tmp_path):
+    from grpoplus.tasks import get_task
+    from grpoplus.warmstart import build_warmstart
+
+    teacher = build_warmstart("arithmetic")
+    run = sft_trainer(tmp_path / "opd", max_steps=2, teacher=str(teacher), prompts_per_step=64, demo_samples=2,
+                      task="arithmetic").train()
+    rows = [json.loads(line) for line in (run.run_dir / "teacher_demos.jsonl").read_text().splitlines()]
+    tok, task = char_tokenizer(), get_task("arithmetic")
+    answers = {e.prompt: e.answer for e in task.split("train")}
+    assert rows
+    for row in rows:
+        prompt = tok.decode(row["prompt"], skip_special_tokens=True)
+        text = tok.decode(row["response"], skip_special_tokens=True)
+        assert task.reward([prompt], [text], answer=[answers[prompt]]) == [1.0]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--demos", "missing.jsonl"], "does not exist"),
+    (["--demos", "d.jsonl", "--teacher", "x"], "two sources of demonstrations"),
+    (["demos_per_step=0"], "sft.demos_per_step must be >= 1"),
+    (["cluster=ray"], "use cluster=local"),
+])
+def test_bad_input_is_one_line(tmp_path, args, said):
+    done = subprocess.run([sys.executable, "-m", "grpoplus", "sft", "--model", "tiny-untrained", "--out",
+                           str(tmp_path / "r"), "progress=false", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("grpoplus sft: error")]
+    assert len(lines) == 1 and said in lines[0], done.stderr
