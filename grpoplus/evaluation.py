@@ -26,6 +26,8 @@ def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: 
     out = {"eval/accuracy": float(correct.mean()), "eval/length_mean": float(greedy.lengths.float().mean())}
     if episodes is not None:
         out["eval/turns_mean"] = env_metrics["env/turns_mean"]
+        out["eval/tool_call_frac"] = env_metrics["env/tool_call_frac"]  # trajectories that called a tool
+        out["eval/tool_errors"] = env_metrics["env/tool_errors"]
     if samples > 0:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)

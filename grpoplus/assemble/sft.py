@@ -15,7 +15,8 @@ from grpoplus.containers import SamplingParams
 from grpoplus.plan.run import RunPlan
 from grpoplus.sft.collect import DemoCollector
 from grpoplus.sft.demos import Demo
-from grpoplus.sft.source import DemoSet, cut_count, file_demos, split_held_out, task_demos
+from grpoplus.sft.builtin import BUILTIN_DEMOS, builtin_rows
+from grpoplus.sft.source import DemoSet, cut_count, file_demos, rows_demos, split_held_out, task_demos
 
 TEACHER_DEMOS = "teacher_demos.jsonl"
 """In the run directory: sft.demo_model's demonstrations as ids (written once; a resumed stage reads them back)."""
@@ -25,7 +26,9 @@ def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
     """The stage's demonstrations, split into training and held-out ones (``sft.eval_demos``)."""
     cfg, s = plan.config, plan.config.sft
     skipped: list[tuple[int, str]] = []
-    if s.demos is not None:
+    if s.demos in BUILTIN_DEMOS:
+        demos = rows_demos(builtin_rows(s.demos, cfg.data.task, train), tokenizer, s.max_length)
+    elif s.demos is not None:
         demos, skipped = file_demos(s.demos, tokenizer, s.messages_field, s.max_length, cfg.data.on_bad_row)
     elif s.demo_model is not None:
         demos = teacher_demos(plan, task, train, tokenizer)

@@ -388,6 +388,11 @@ def _supervised_stage(cfg: Config) -> None:
     if s.demos is not None and s.demo_model is not None:
         raise ValueError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
                          "demonstrations: give one")
+    from grpoplus.sft.builtin import BUILTIN_DEMOS
+
+    if s.demos in BUILTIN_DEMOS and cfg.data.task != BUILTIN_DEMOS[s.demos][0]:
+        raise ValueError(f"sft.demos={s.demos} demonstrates the {BUILTIN_DEMOS[s.demos][0]} task's problems: add "
+                         f"--task {BUILTIN_DEMOS[s.demos][0]}")
     if cfg.run.cluster == "ray":
         raise ValueError("run.stage=sft runs on this machine (one process or learner.data_parallel ranks): use "
                          "cluster=local")

@@ -255,8 +255,9 @@ class SftConfig:
     demos: str | None = None
     """Demonstrations to imitate (run.stage=sft): a JSONL / JSON / Parquet file or datasets directory of chat rows
     ({"messages": [...], "tools": [...]}, roles system / user / assistant / tool, assistant tool_calls in the OpenAI
-    layout) or prompt / completion rows. None: the demonstrations sft.demo_model writes, else the built-in task's
-    worked answers."""
+    layout) or prompt / completion rows; or the name of demonstrations grpoplus writes from the task's training
+    problems (wordproblems-calculator: each word problem solved with calculator calls). None: the demonstrations
+    sft.demo_model writes, else the built-in task's worked answers."""
     messages_field: str = "messages"
     """The column of sft.demos that holds each row's chat messages."""
     demos_per_step: int = 32

@@ -266,6 +266,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
            "env/obs_token_frac": observed / max(1, sampled + observed),
            "env/return_mean": sum(_return(e.turns) for e in episodes) / n,
            "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
+           "env/tool_call_frac": sum(e.tool_calls > 0 for e in episodes) / n,
            "env/tool_errors": float(sum(e.tool_errors for e in episodes)),
            "env/errors": float(sum(e.reason in ("error", "malformed") for e in episodes)),
            "env/timeouts": float(sum(e.reason == "timeout" for e in episodes))}

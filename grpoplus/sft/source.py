@@ -51,6 +51,12 @@ def file_demos(path: str | Path, tokenizer, messages_field: str, max_length: int
     return demos, skipped
 
 
+def rows_demos(rows: list[dict], tokenizer, max_length: int) -> list[Demo]:
+    """Demonstrations from rows the project writes itself (:mod:`grpoplus.sft.builtin`)."""
+    return [render(tokenizer, checked_messages(row, f"row {i}"), row_tools(row, f"row {i}"), max_length)
+            for i, row in enumerate(rows, start=1)]
+
+
 def task_demos(task, examples: list, tokenizer, direct_frac: float, seed: int, max_length: int) -> list[Demo]:
     """A built-in task's demonstrations: each training problem's prompt (as the engine is given it) and the task's
     worked answer (``sft_target``; with probability ``direct_frac`` its final ``#answer`` alone), or a multi-turn

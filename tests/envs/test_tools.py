@@ -121,3 +121,12 @@ def test_built_in_tools_and_their_refusals():
 def test_the_python_tool_runs_in_the_sandbox():
     out = python("print(6*7)")
     assert out == "42" or "GRPOPLUS_SANDBOX_HOST_FILES" in out  # a host that cannot isolate says so, runs nothing
+
+
+def test_the_share_of_trajectories_that_called_a_tool_is_measured():
+    from grpoplus.envs.episodes import Episode, episode_metrics
+    from grpoplus.envs.trajectory import Turn
+
+    episodes = [Episode(None, [1], [Turn([2], [0.0])], reason="done", tool_calls=calls) for calls in (0, 2, 1, 0)]
+    metrics = episode_metrics(episodes)
+    assert metrics["env/tool_call_frac"] == 0.5 and metrics["env/tool_calls"] == 3.0

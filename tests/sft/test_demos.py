@@ -88,3 +88,23 @@ def test_held_out_demonstrations_are_a_seeded_fifth_at_most():
     assert len(held) == 2 and sorted(train + held) == demos
     assert split_held_out(demos, 64, seed=3) == (train, held)
     assert split_held_out(demos, 0, seed=3) == (demos, [])
+
+
+def test_the_calculator_demonstrations_solve_each_problem_with_one_call_per_step():
+    """Every call is valid for the calculator and returns the worked line's value; the last turn is the answer."""
+    from grpoplus.envs.tools import calculator, parse_calls
+    from grpoplus.sft.builtin import builtin_rows
+    from grpoplus.sft.demos import assistant_text
+    from grpoplus.tasks import get_task
+
+    examples = get_task("wordproblems", seed=0).split("train")[:50]
+    for example, row in zip(examples, builtin_rows("wordproblems-calculator", "wordproblems", examples)):
+        msgs = row["messages"]
+        steps = example.fields["solution"].splitlines()
+        assert [m["role"] for m in msgs] == ["user"] + ["assistant", "tool"] * len(steps) + ["assistant"]
+        for line, call, result in zip(steps, msgs[1::2], msgs[2::2]):
+            (name, arguments), = parse_calls(assistant_text(call))
+            assert name == "calculator" and calculator(**arguments) == result["content"] == line.rsplit("= ", 1)[1]
+        assert msgs[-1]["content"] == f"#### {example.answer}"
+    with pytest.raises(ValueError, match="--task wordproblems"):
+        builtin_rows("wordproblems-calculator", "arithmetic", examples)
