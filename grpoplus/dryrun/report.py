@@ -43,6 +43,12 @@ def _decided(run: DryRun) -> list[str]:
     update = lrn.update
     memory = ("freed memory back to the system after each update" if update.release_after_update else "kept") + \
         (f" and every {update.trim_every} layers of the backward" if update.trim_every else "")
+    if update.objective == "sft":
+        return [f"  stage      supervised (run.stage=sft): the demonstrated tokens' negative log-likelihood, "
+                f"token-mean over each batch; no reference, no ratio",
+                f"  learner    {where.ranks} rank(s), training state "
+                f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
+                f"  memory     {memory}"]
     return [f"  pi_old     {LOGP_OLD[update.logp_old]}", f"  reference  {REFERENCE[lrn.reference]}",
             f"  learner    {where.ranks} rank(s), training state "
             f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
@@ -71,8 +77,22 @@ def _devices(run: DryRun) -> list[str]:
     return lines
 
 
+def _demos(cfg) -> list[str]:
+    """A supervised stage's tokens per step: its demonstrations, wherever they come from."""
+    s = cfg.sft
+    source = (f"sft.demos={s.demos}" if s.demos else f"sft.demo_model={s.demo_model}'s samples "
+              f"({s.demo_samples} per training prompt, {s.demo_filter})" if s.demo_model else
+              f"the {cfg.data.task} task's worked answers")
+    limit = f", cut at sft.max_length={s.max_length} tokens" if s.max_length else ""
+    return [f"  {s.demos_per_step} demonstrations per optimizer step, from {source}{limit}",
+            f"  {s.eval_demos} held out at most (a fifth of them): eval/loss",
+            f"  the run: {cfg.run.max_steps} optimizer steps"]
+
+
 def _tokens(run: DryRun) -> list[str]:
     t, cfg = run.tokens, run.config
+    if cfg.run.stage == "sft":
+        return _demos(cfg)
     r, algo, lrn = cfg.rollout, cfg.algo, cfg.learner
     budget = ("the episode budget: rollout.max_episode_tokens" if r.max_episode_tokens else
               "the episode budget: rollout.max_turns x max_new_tokens") if t.multi_turn else "rollout.max_new_tokens"

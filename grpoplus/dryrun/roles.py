@@ -63,6 +63,9 @@ def _learner(cfg: Config) -> str:
         where = f"{_device(cfg, 0)}..{_device(cfg, n - 1)}" if n > 1 and lrn.device == "cuda" else lrn.device
     strategy = lrn.strategy + (" (one rank: nothing to shard)" if lrn.strategy == "fsdp2" and n == 1 else "")
     tuned = f"LoRA rank {lrn.lora_rank} on {lrn.lora_target_modules}" if lrn.lora_rank else "full fine-tuning"
+    if cfg.run.stage == "sft":
+        return (f"{n} rank(s), strategy {strategy}, precision {lrn.precision}, on {where}; {tuned}; one optimizer "
+                f"step per {cfg.sft.demos_per_step} demonstrations (the supervised stage: the algo section does not act)")
     return (f"{n} rank(s), strategy {strategy}, precision {lrn.precision}, on {where}; {tuned}; "
             f"{algo.updates_per_batch} optimizer step(s) per rollout batch "
             f"({algo.num_iterations} iteration(s) x {algo.num_minibatches} mini-batch(es))")
@@ -91,6 +94,9 @@ def _teacher(cfg: Config) -> str:
 
 def _rewards(cfg: Config) -> str:
     d = cfg.data
+    if cfg.run.stage == "sft":
+        return (f"none in training (the supervised stage); the task's verifier scores the held-out evaluation"
+                f"{'' if cfg.sft.eval_accuracy else ' (off: sft.eval_accuracy=false)'}")
     names = [spec.get("name") if isinstance(spec, dict) else str(spec) for spec in d.rewards]
     pool = "" if d.reward_workers == 0 else f"a pool of {d.reward_workers} worker processes"
     if cfg.run.cluster == "ray":

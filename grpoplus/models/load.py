@@ -37,14 +37,14 @@ def builtin_family(model: str | None) -> str | None:
     """The architecture of a ``tiny-<model_type>`` name (``tiny-qwen3_5_text``), else None."""
     from grpoplus.models.families import FAMILIES
 
-    if model is None or not model.startswith(TINY_PREFIX) or model == TINY_MOE:
+    if model is None or not model.startswith(TINY_PREFIX) or model in (TINY_MOE, TINY_UNTRAINED):
         return None
     family = model[len(TINY_PREFIX):]
     if family in FAMILIES:
         return family
     if Path(model).expanduser().exists():  # a model directory that happens to be called tiny-...
         return None
-    raise ValueError(f"no built-in model {model!r}: the built-in tiny models are {TINY_MOE} and "
+    raise ValueError(f"no built-in model {model!r}: the built-in tiny models are {TINY_MOE}, {TINY_UNTRAINED} and "
                      f"{', '.join(TINY_PREFIX + f for f in sorted(FAMILIES))} (or give a model directory)")
 
 

@@ -131,3 +131,17 @@ def test_bad_input_is_one_line(tmp_path, args, said):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("grpoplus sft: error")]
     assert len(lines) == 1 and said in lines[0], done.stderr
+
+
+def test_the_dry_run_renders_a_supervised_stage(capsys):
+    from grpoplus.dryrun import print_dry_run
+
+    assert print_dry_run(None, None, ["run.stage=sft", "sft.demos=wordproblems-calculator", "data.task=wordproblems",
+                                      "data.tools=[calculator]", "learner.model=tiny-untrained",
+                                      "sft.demos_per_step=8"], None) == 0
+    out = capsys.readouterr().out
+    assert "stage      supervised (run.stage=sft)" in out
+    assert "8 demonstrations per optimizer step, from sft.demos=wordproblems-calculator" in out
+    assert "none in training (the supervised stage)" in out
+    with pytest.raises(ValueError, match="add --task wordproblems"):
+        print_dry_run(None, None, ["run.stage=sft", "sft.demos=wordproblems-calculator"], None)
