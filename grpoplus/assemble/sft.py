@@ -13,9 +13,9 @@ import torch
 from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
 from grpoplus.plan.run import RunPlan
+from grpoplus.sft.builtin import BUILTIN_DEMOS, builtin_rows
 from grpoplus.sft.collect import DemoCollector
 from grpoplus.sft.demos import Demo
-from grpoplus.sft.builtin import BUILTIN_DEMOS, builtin_rows
 from grpoplus.sft.source import DemoSet, cut_count, file_demos, rows_demos, split_held_out, task_demos
 
 TEACHER_DEMOS = "teacher_demos.jsonl"

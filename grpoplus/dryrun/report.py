@@ -44,8 +44,8 @@ def _decided(run: DryRun) -> list[str]:
     memory = ("freed memory back to the system after each update" if update.release_after_update else "kept") + \
         (f" and every {update.trim_every} layers of the backward" if update.trim_every else "")
     if update.objective == "sft":
-        return [f"  stage      supervised (run.stage=sft): the demonstrated tokens' negative log-likelihood, "
-                f"token-mean over each batch; no reference, no ratio",
+        return ["  stage      supervised (run.stage=sft): the demonstrated tokens' negative log-likelihood, "
+                "token-mean over each batch; no reference, no ratio",
                 f"  learner    {where.ranks} rank(s), training state "
                 f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
                 f"  memory     {memory}"]
