@@ -145,3 +145,30 @@ def test_the_dry_run_renders_a_supervised_stage(capsys):
     assert "none in training (the supervised stage)" in out
     with pytest.raises(ValueError, match="add --task wordproblems"):
         print_dry_run(None, None, ["run.stage=sft", "sft.demos=wordproblems-calculator"], None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", [("learner.data_parallel=2",),
+                                       ("learner.data_parallel=2", "learner.strategy=fsdp2")])
+def test_learner_ranks_train_as_one_process_does(tmp_path, placement):
+    """Data-parallel and sharded ranks take the supervised stage's batches as RL's: the same losses and weights."""
+    one = sft_trainer(tmp_path / "one", max_steps=2, micro_batch_size=4, eval_demos=0, eval_accuracy=False).train()
+    two = sft_trainer(tmp_path / "two", max_steps=2, micro_batch_size=4, eval_demos=0, eval_accuracy=False,
+                      overrides=list(placement)).train()
+    want = [r["loss/nll"] for r in one.metrics if "loss/nll" in r]
+    assert [r["loss/nll"] for r in two.metrics if "loss/nll" in r] == pytest.approx(want, rel=1e-5)
+    from safetensors.torch import load_file
+
+    a, b = load_file(one.checkpoint / "model.safetensors"), load_file(two.checkpoint / "model.safetensors")
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_lora_trains_the_adapters_alone(tmp_path):
+    pytest.importorskip("peft")
+    done = sft_trainer(tmp_path / "lora", max_steps=3, lora_rank=4, lr=1e-2, eval_accuracy=False).train()
+    assert (done.checkpoint / "adapter_model.safetensors").is_file()
+    assert not (done.checkpoint / "model.safetensors").exists()
+    evals = [r["eval/loss"] for r in done.metrics if "eval/loss" in r]
+    assert evals[-1] < evals[0]
