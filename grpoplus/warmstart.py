@@ -34,6 +34,7 @@ import torch
 from grpoplus.envs.render import observation_ids
 from grpoplus.models.load import TINY_MOE, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
+from grpoplus.models.qlora import FourBit
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.tasks import TASKS, get_task, without_prompts
@@ -272,20 +273,22 @@ def build_warmstart(
 
 
 def load_builtin(model: str | None, task: str | None, difficulty: int | None = None, *, seed: int = 0,
-                 eval_seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 eval_seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 quantize: FourBit | None = None):
     """``(model, tokenizer)`` of a built-in tiny model (``None``: the Llama, ``"tiny-moe"``: the mixture of experts)
     warm-started on ``task`` (built on first use, then cached). ``seed`` seeds its warm start (initial weights and
-    supervised data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts it never trains on."""
+    supervised data); ``eval_seed`` (default ``seed``) names the held-out split whose prompts it never trains on;
+    ``quantize``: its 4-bit base (:mod:`grpoplus.models.qlora`), made from the warm start as loaded."""
     if model == TINY_UNTRAINED:  # as initialised by ``seed``: what a supervised stage starts from
         tokenizer = char_tokenizer()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device)
+            return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device, quantize)
     if task is None:
         raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
     size = "moe" if model == TINY_MOE else builtin_family(model) or "small"
     path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
-    return prepared(*load_hf_dir(path, dtype), device)
+    return prepared(*load_hf_dir(path, dtype), device, quantize)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
+from grpoplus.models.qlora import FourBit, parameter_count
 from grpoplus.plan.data import build_data, builtin_tasks
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 from grpoplus.prompts import PromptSampler
@@ -92,8 +93,14 @@ def build_policy(policy: PolicyPlan, device: str, trains: bool = True):
     with phase(f"loading model {name or f'(built-in tiny model, task {policy.task})'}"):
         if is_builtin(name):
             return load_builtin(name, policy.task, policy.difficulty, seed=policy.seed, eval_seed=policy.eval_seed,
-                                device=device)
-        return load_policy(name, device=device, lora=policy.lora, shards=policy.shards, trains=trains)
+                                device=device, quantize=four_bit(policy))
+        return load_policy(name, device=device, lora=policy.lora, shards=policy.shards, trains=trains,
+                           quantize=four_bit(policy))
+
+
+def four_bit(policy: PolicyPlan) -> FourBit | None:
+    """The 4-bit base of ``learner.quantize`` (computing in the learner's precision), or None."""
+    return None if policy.quantize == "none" else FourBit(policy.quantize, COMPUTE_DTYPES[policy.precision])
 
 
 @contextmanager
@@ -194,7 +201,7 @@ def learning_rate(opt: OptimizerPlan, model: torch.nn.Module) -> float:
     a real one within steps): toy, full fine-tuning or LoRA, said once on stderr for a real model."""
     if opt.lr is not None:
         return opt.lr
-    size = sum(p.numel() for p in model.parameters())
+    size = parameter_count(model)
     kind = "toy" if size < TOY_PARAMETERS else "lora" if opt.lora else "full"
     rates = SFT_LEARNING_RATES if opt.stage == "sft" else LEARNING_RATES
     follower = torch.distributed.is_initialized() and torch.distributed.get_rank() > 0

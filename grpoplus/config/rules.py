@@ -119,6 +119,31 @@ def _check_lora(cfg: Config) -> None:
                          "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
 
 
+@rule("quantize")
+def _quantize(cfg: Config) -> None:
+    """A 4-bit base (learner.quantize) trains LoRA adapters, with bitsandbytes installed, sampled by the hf engine
+    as it is, on an unsharded learner."""
+    from grpoplus.packages import require_package
+
+    lrn, r = cfg.learner, cfg.rollout
+    what = f"learner.quantize={lrn.quantize}"
+    if lrn.quantize == "none":
+        return
+    if lrn.lora_rank == 0:
+        raise ValueError(f"{what} freezes the base model in 4-bit, so only LoRA adapters can train: set "
+                         "learner.lora_rank > 0 (e.g. 16), or learner.quantize=none")
+    require_package("bitsandbytes", what)
+    refused = [(r.engine == "vllm", "rollout.engine=vllm", "vLLM would need the adapters merged into the 4-bit "
+                "weights, which cannot hold them", "use rollout.engine=hf (it samples the 4-bit model with its adapters)"),
+               (r.quantization != "none", f"rollout.quantization={r.quantization}", "the hf engine samples the 4-bit "
+                "policy itself, not a copy", "set rollout.quantization=none"),
+               (lrn.strategy == "fsdp2", "learner.strategy=fsdp2", "FSDP2 does not shard bitsandbytes' 4-bit weights",
+                "set learner.strategy=replicate")]
+    for bad, key, why, fix in refused:
+        if bad:
+            raise ValueError(f"{what} does not run with {key}: {why}; {fix}, or learner.quantize=none")
+
+
 @rule("freeze")
 def _freeze(cfg: Config) -> None:
     """Frozen parameters are named, and only in full fine-tuning (LoRA already freezes the whole base)."""

@@ -239,6 +239,11 @@ class LearnerConfig:
     lora_target_modules: list = field(default_factory=lambda: ["all-linear"])
     """Linear layers that get adapters, by module name (q_proj, v_proj, ...) or all-linear (every
     linear layer but the LM head)."""
+    quantize: Literal["none", "nf4", "fp4"] = "none"
+    """QLoRA (Dettmers et al. 2023, arXiv:2305.14314): nf4 | fp4 keeps the frozen base's decoder-layer linear weights
+    in 4-bit (bitsandbytes Linear4bit, computing in the learner's precision; embeddings, norms and the LM head as
+    loaded) under LoRA adapters (learner.lora_rank > 0) that train in full precision; the hf engine samples that
+    same 4-bit model with its adapters on. none = the base as loaded."""
     freeze: list = field(default_factory=list)
     """Parameters kept frozen while the rest trains (no gradient, no optimizer state), by name: a dotted part
     (embed_tokens, lm_head, layers.0) or a glob over the full name (model.layers.[0-3].*). Empty: all train."""

@@ -2,7 +2,8 @@
 
 Counted, in bytes per parameter: the policy's float32 master weights (4; ``bf16_mixed`` keeps them float32
 too), their gradients (4) and AdamW's two moments (8), all divided by the ranks under ``fsdp2`` and whole on
-every rank under ``replicate``; with LoRA the frozen base weights (4) and 16 per adapter parameter; rank 0's
+every rank under ``replicate``; with LoRA the frozen base weights (4; with ``learner.quantize`` the decoder
+layers' linear weights 0.5 and a float32 scale per block of 64 or 32) and 16 per adapter parameter; rank 0's
 whole-policy copy under ``fsdp2`` (4; in its host memory on GPUs when vLLM or Ray's workers sample); the frozen
 reference (4, its linear weights 2 under ``bf16_mixed``; a 1/N shard of 4 under ``fsdp2``) and teacher (the same
 but never sharded) on every learner rank; the engines' own copies of the weights. Not counted: activations (they
@@ -135,7 +136,7 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
     """The trained policy: full fine-tuning (weights, gradients, AdamW; sharded under fsdp2) or LoRA."""
     lrn, params = cfg.learner, policy.params
     if lrn.lora_rank:
-        items = [Item("base weights, fp32, frozen", _bytes(params, FP32))]
+        items = base_items(cfg, policy)
         adapters = policy.arch.lora_parameters(lrn.lora_rank, lrn.lora_target_modules) if policy.arch else None
         if adapters is not None:
             items.append(Item(f"LoRA adapters ({adapters / 1e6:.1f}M parameters): weights, gradients, AdamW, fp32",
@@ -145,6 +146,21 @@ def policy_items(cfg: Config, policy: ModelSize) -> list[Item]:
     return [Item(f"weights, fp32 master{share}", _bytes(params, FP32, shards)),
             Item(f"gradients, fp32{share}", _bytes(params, GRADIENT, shards)),
             Item(f"AdamW moments (2), fp32{share}", _bytes(params, ADAMW, shards))]
+
+
+def base_items(cfg: Config, policy: ModelSize) -> list[Item]:
+    """LoRA's frozen base: as loaded, or with ``learner.quantize`` its decoder layers' linear weights in 4-bit
+    (grpoplus.models.qlora) and the rest (embeddings, norms, biases, an untied LM head) as loaded."""
+    q, arch, params = cfg.learner.quantize, policy.arch, policy.params
+    if q == "none":
+        return [Item("base weights, fp32, frozen", _bytes(params, FP32))]
+    if arch is None or params is None:
+        return [Item(f"base weights, counted fp32 (which are {q} is not known without the architecture), frozen",
+                     _bytes(params, FP32))]
+    quantized = arch.block_linear_weights()
+    return [Item(f"base: decoder layers' linear weights in 4-bit {q} (with a float32 scale per block), frozen",
+                 arch.four_bit_bytes()),
+            Item("base: the rest (embeddings, norms, LM head), fp32, frozen", (params - quantized) * FP32)]
 
 
 def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
@@ -192,14 +208,17 @@ def engine_items(cfg: Config, policy: ModelSize, own_copy: bool, tokens: Tokens,
 
 
 def _hf(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
-    """The hf engine samples with the learner's own module; it adds a merged copy of the adapted layers (LoRA),
-    a quantized copy, or on a CPU oneDNN's reordered copy of the linear weights while it samples."""
+    """The hf engine samples with the learner's own module; it adds a merged copy of the adapted layers (LoRA; not on
+    a 4-bit base, sampled as it is), a quantized copy, or on a CPU oneDNN's reordered copy of the linear weights
+    while it samples (of a 4-bit base: of its LM head)."""
     from grpoplus.learner.precision import COMPUTE_DTYPES
 
     lrn, r, arch, params = cfg.learner, cfg.rollout, policy.arch, policy.params
     linear = arch.linear_parameters() if arch else params
+    if lrn.quantize != "none":
+        linear = arch.vocab * arch.hidden if arch else None
     items: list[Item] = []
-    if lrn.lora_rank:
+    if lrn.lora_rank and lrn.quantize == "none":
         merged = arch.adapted_weights(lrn.lora_target_modules) if arch else None
         items.append(Item("merged copy of the adapted layers (W + BA), fp32", _bytes(merged, FP32)))
     if r.quantization == "bf16_rounded":
@@ -208,7 +227,8 @@ def _hf(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
         items.append(Item("int8 copy of the linear weights", _bytes(linear, 1)))
     elif not lrn.device.startswith("cuda") and r.engine_kwargs.get("pack_weights", True):
         size = COMPUTE_DTYPES[lrn.precision].itemsize
-        items.append(Item("oneDNN's reordered copy of the linear weights, while sampling", _bytes(linear, size)))
+        which = "the LM head" if lrn.quantize != "none" else "the linear weights"
+        items.append(Item(f"oneDNN's reordered copy of {which}, while sampling", _bytes(linear, size)))
     return items, []
 
 

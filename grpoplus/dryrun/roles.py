@@ -63,6 +63,8 @@ def _learner(cfg: Config) -> str:
         where = f"{_device(cfg, 0)}..{_device(cfg, n - 1)}" if n > 1 and lrn.device == "cuda" else lrn.device
     strategy = lrn.strategy + (" (one rank: nothing to shard)" if lrn.strategy == "fsdp2" and n == 1 else "")
     tuned = f"LoRA rank {lrn.lora_rank} on {lrn.lora_target_modules}" if lrn.lora_rank else "full fine-tuning"
+    if lrn.quantize != "none":
+        tuned += f" over a frozen {lrn.quantize} base (QLoRA: decoder layers' linear weights in 4-bit)"
     if cfg.run.stage == "sft":
         return (f"{n} rank(s), strategy {strategy}, precision {lrn.precision}, on {where}; {tuned}; one optimizer "
                 f"step per {cfg.sft.demos_per_step} demonstrations (the supervised stage: the algo section does not act)")
@@ -75,7 +77,8 @@ def _reference(cfg: Config) -> str:
     if cfg.algo.beta <= 0:
         return "none (algo.beta = 0)"
     if cfg.learner.lora_rank:
-        return f"the policy with its LoRA adapters off (algo.beta = {cfg.algo.beta}; no second copy)"
+        base = f", the {cfg.learner.quantize} base" if cfg.learner.quantize != "none" else ""
+        return f"the policy with its LoRA adapters off (algo.beta = {cfg.algo.beta}; no second copy{base})"
     lowered = ", linear weights in bfloat16" if cfg.learner.precision == "bf16_mixed" else ""
     return f"a frozen copy of the policy, whole on every learner rank (algo.beta = {cfg.algo.beta}{lowered})"
 
@@ -183,7 +186,8 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
         copies.append(f"each of {cfg.rollout.workers} rollout worker(s) (into its {where})")
     notes = []
     if trainers:
-        need = training_bytes(params, torch.float32, lora=lrn.lora_rank > 0, shards=n if sharded else 1)
+        need = training_bytes(params, torch.float32, lora=lrn.lora_rank > 0, shards=n if sharded else 1,
+                              quantized=lrn.quantize != "none")
         notes.append(f"load check: {', '.join(trainers)} refuse(s) to load the policy unless about {need / 1e9:.1f} "
                      "GB is free on its device (grpoplus.models.memory.check_fits)")
     if copies:

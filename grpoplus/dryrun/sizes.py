@@ -50,6 +50,16 @@ class Arch:
             per_layer += (self.heads + 2 * self.kv_heads) * self.head_size
         return self.layers * per_layer + (0 if self.tied else self.vocab * self.hidden)
 
+    def block_linear_weights(self) -> int:
+        """Weights of the decoder layers' linear layers (no bias, no LM head): what learner.quantize makes 4-bit."""
+        return self.layers * sum(a * b for a, b in self.linears().values())
+
+    def four_bit_bytes(self) -> int:
+        """Bytes of those weights in the 4-bit base (grpoplus.models.qlora.stored_bytes, layer by layer)."""
+        from grpoplus.models.qlora import stored_bytes
+
+        return self.layers * sum(stored_bytes(a, b) for a, b in self.linears().values())
+
     def parameters(self) -> int:
         """Every parameter: the linear layers, the embedding, two norms per layer and the final norm."""
         return self.linear_parameters() + self.vocab * self.hidden + (2 * self.layers + 1) * self.hidden

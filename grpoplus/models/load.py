@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
+from grpoplus.models.qlora import FourBit, quantize_base
 
 TINY_MOE = "tiny-moe"
 """The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
@@ -62,6 +63,7 @@ def load_policy(
     lora: bool = False,
     shards: int = 1,
     trains: bool = True,
+    quantize: FourBit | None = None,
 ):
     """``(model, tokenizer)`` ready for training and left-padded generation:
 
@@ -71,7 +73,8 @@ def load_policy(
 
     Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
     gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only; ``shards``: ranks the
-    training state is split over; ``trains=False``: a frozen model, its weights only);
+    training state is split over; ``trains=False``: a frozen model, its weights only; ``quantize``: its decoder
+    layers' linear weights made 4-bit before it moves to ``device``, :mod:`grpoplus.models.qlora`);
     more than the memory available now is refused.
 
     Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
@@ -80,23 +83,26 @@ def load_policy(
     """
     if is_builtin(model):
         raise ValueError(f"{model!r} names a built-in tiny model: grpoplus.warmstart.load_builtin loads it")
-    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains)
+    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains,
+                             quantized=quantize is not None)
     if model == SMOLLM2:
         policy, tokenizer = _load_gguf(smollm2_file(), dtype, fits)
     else:
         policy, tokenizer = _load_path(Path(model).expanduser(), dtype, fits)
-    return prepared(policy, tokenizer, device)
+    return prepared(policy, tokenizer, device, quantize)
 
 
-def prepared(policy, tokenizer, device: str | torch.device):
+def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | None = None):
     """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
-    the model's configs."""
+    the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token
     policy.config.pad_token_id = tokenizer.pad_token_id
     if policy.generation_config is not None:
         policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    if quantize is not None:
+        quantize_base(policy, quantize)
     return policy.to(device), tokenizer
 
 

@@ -10,7 +10,8 @@ other forms, and this module gives each one without a second copy of the base mo
 - the in-process sampler runs a plain module (:func:`plain_model`) that shares every
   base parameter and holds its own weight only for the adapted layers, refreshed as
   ``W + delta W`` at each sync (:func:`merge_into`): a decode step then costs what the
-  base model's does;
+  base model's does. A 4-bit base (:mod:`grpoplus.models.qlora`) cannot hold ``W + delta W``
+  (re-quantising it would round the adapters' update away): the sampler runs the policy itself;
 - checkpoints hold the adapters only (:func:`save_adapters`, :func:`load_adapters`); the
   base weights come from the model path again on resume.
 """
@@ -22,6 +23,8 @@ import importlib.util
 from pathlib import Path
 
 import torch
+
+from grpoplus.models.qlora import is_4bit, plain_linear_types
 
 ADAPTER_FILE = "adapter_model.safetensors"
 INSTALL_HINT = "pip install peft (or pip install -e '.[lora]')"
@@ -39,10 +42,14 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, ta
              ) -> torch.nn.Module:
     """``model`` wrapped in a peft ``PeftModel`` with rank-``rank`` adapters on ``target_modules``
     (module names such as ``q_proj``, or ``["all-linear"]``: every linear layer but the LM head).
-    The base parameters are frozen; the adapters' ``A`` is drawn from torch's global generator."""
+    The base parameters are frozen; the adapters' ``A`` is drawn from torch's global generator. A 4-bit base
+    (:func:`grpoplus.models.qlora.quantize_base`) gets peft's 4-bit LoRA layers, prepared by peft for k-bit
+    training (gradient checkpointing stays learner.gradient_checkpointing's)."""
     require_peft()
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
+    if is_4bit(model):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = _all_linear(model) if list(target_modules) == ["all-linear"] else list(target_modules)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
                         task_type="CAUSAL_LM")
@@ -60,9 +67,10 @@ def _all_linear(model: torch.nn.Module) -> str | list[str]:
     but compute something else (Llama 4's router returns its scores and logits): then the plain ones by name."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linear = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    if all(type(m) is torch.nn.Linear for _, m in linear):
+    plain = plain_linear_types(model)
+    if all(type(m) in plain for _, m in linear):
         return "all-linear"
-    return [name for name, m in linear if type(m) is torch.nn.Linear]
+    return [name for name, m in linear if type(m) in plain]
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -94,8 +102,9 @@ def plain_model(model: torch.nn.Module, merged: bool = True) -> torch.nn.Module:
     Every parameter of the base model is shared (no copy); each adapted layer becomes an
     ``nn.Linear`` with its own weight, ``W + delta W`` when ``merged`` (refresh it with
     :func:`merge_into`), else the base weight itself (shared: the base model as saved for
-    an engine that applies adapters itself). Gradients off, eval mode.
+    an engine that applies adapters itself). Gradients off, eval mode. A 4-bit base is refused.
     """
+    _refuse_4bit(model)
     base, layers = compute_module(model), _adapted(model)
     shared = {id(p): p for p in base.parameters()}  # deepcopy keeps these objects
     plain = copy.deepcopy(base, memo=shared)
@@ -118,10 +127,17 @@ def plain_model(model: torch.nn.Module, merged: bool = True) -> torch.nn.Module:
 def merge_into(plain: torch.nn.Module, model: torch.nn.Module) -> None:
     """Set each adapted layer of ``plain`` (from :func:`plain_model`) to ``W + delta W`` of ``model``'s
     current adapters. Computed from the frozen ``W`` each time: no rounding accumulates over syncs."""
+    _refuse_4bit(model)
     modules = dict(plain.named_modules())
     for name, layer in _adapted(model).items():
         delta = sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)  # [out, in]
         torch.add(layer.get_base_layer().weight, delta, out=modules[name].weight)
+
+
+def _refuse_4bit(model: torch.nn.Module) -> None:
+    if is_4bit(model):
+        raise ValueError("a 4-bit base (learner.quantize) cannot hold its adapters merged into its weights: sample "
+                         "the policy itself (rollout.engine=hf does)")
 
 
 def save_adapters(model: torch.nn.Module, path: Path) -> None:

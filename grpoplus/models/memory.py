@@ -101,15 +101,17 @@ def _skip_value(data: bytes, at: int, kind: int) -> int:
     return at + _GGUF_SCALARS[kind]
 
 
-def training_bytes(params: int, dtype: torch.dtype, lora: bool, shards: int = 1, trains: bool = True) -> int:
+def training_bytes(params: int, dtype: torch.dtype, lora: bool, shards: int = 1, trains: bool = True,
+                   quantized: bool = False) -> int:
     """Memory to train ``params`` parameters of ``dtype`` on one rank: the weights, the sampler's copy of them
     (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; with the training state
     sharded over ``shards`` ranks (learner.strategy=fsdp2), the whole model as loaded (rank 0 keeps it as the
     engines' plain copy) plus this rank's shard of weights, gradients and moments; times :data:`MARGIN`. LoRA
     adapters are a fraction of a percent of the weights and are not counted. ``trains=False``: a frozen model that
-    only scores (a teacher): its weights alone."""
+    only scores (a teacher): its weights alone. ``quantized`` (LoRA on a 4-bit base): the model once as loaded,
+    before its linear layers are quantised (training holds less after: no merged copy)."""
     size = torch.finfo(dtype).bits // 8
-    if not trains:
+    if not trains or quantized:
         copies = 1
     elif lora:
         copies = 2
@@ -131,21 +133,23 @@ def available_bytes(device: torch.device) -> int:
 
 
 def check_fits(name: str, params: int, dtype: torch.dtype, device: str | torch.device, lora: bool,
-               shards: int = 1, trains: bool = True) -> None:
+               shards: int = 1, trains: bool = True, quantized: bool = False) -> None:
     """Raise ``ValueError`` with the estimate and the memory available when training cannot fit (``shards``:
-    ranks the training state is sharded over)."""
+    ranks the training state is sharded over; ``quantized``: a 4-bit base under LoRA adapters)."""
     device = torch.device(device)
-    need, free = training_bytes(params, dtype, lora, shards, trains), available_bytes(device)
+    need, free = training_bytes(params, dtype, lora, shards, trains, quantized), available_bytes(device)
     if need <= free:
         return
     if not trains:
         raise ValueError(f"model {name!r} has {params / 1e9:.2f}B parameters: about {need / 1e9:.1f} GB to hold it, "
                          f"but {free / 1e9:.1f} GB is available on {device.type}; serve it with vLLM and name its URL")
     gb = 1e9
-    what = "LoRA" if lora else "full fine-tuning"
+    what = "QLoRA" if quantized else "LoRA" if lora else "full fine-tuning"
+    held = "the weights as loaded, before 4-bit quantisation" if quantized else \
+        f"weights, the sampler's copy{'' if lora else ', gradients, 2 AdamW moments'}"
     hint = "a smaller model" if lora else (f"a smaller model, more ranks with learner.strategy=fsdp2, or LoRA "
                                            f"(learner.lora_rank=16: about {training_bytes(params, dtype, True) / gb:.1f} GB)")
     raise ValueError(
         f"model {name!r} has {params / 1e9:.2f}B parameters: {what} in {str(dtype).removeprefix('torch.')} needs "
-        f"about {need / gb:.1f} GB (weights, the sampler's copy{'' if lora else ', gradients, 2 AdamW moments'}, "
-        f"+{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available on {device.type}; use {hint}")
+        f"about {need / gb:.1f} GB ({held}, +{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available "
+        f"on {device.type}; use {hint}")

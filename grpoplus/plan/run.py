@@ -53,6 +53,8 @@ class PolicyPlan:
     eval_seed: int
     lora: bool  # adapters are added after loading
     shards: int  # ranks the training state is split over (the load check's count)
+    quantize: str  # none | nf4 | fp4: the base's decoder-layer linears in 4-bit (QLoRA), quantised as loaded
+    precision: str  # learner.precision: the dtype a 4-bit layer computes in
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def process_plan(cfg: Config) -> ProcessPlan:
 def policy_plan(cfg: Config) -> PolicyPlan:
     d = cfg.data
     return PolicyPlan(cfg.learner.model, d.task if d.data is None else None, d.difficulty, cfg.run.seed, d.eval_seed,
-                      cfg.learner.lora_rank > 0, where.shards(cfg))
+                      cfg.learner.lora_rank > 0, where.shards(cfg), cfg.learner.quantize, cfg.learner.precision)
 
 
 def lora_plan(cfg: Config) -> LoraPlan:

@@ -19,7 +19,8 @@ from transformers.cache_utils import Cache
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.device import autocast_to
 from grpoplus.models.kv_cache import cache_kwargs
-from grpoplus.models.lora import is_lora, merge_into, plain_model
+from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_model
+from grpoplus.models.qlora import is_4bit
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
 from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears, select_rows
@@ -155,7 +156,7 @@ class HFEngine:
             (e.g. ``<bos>``) and left-padded with its pad token (EOS when it has none).
         options: ``quantization`` chooses the sampler's weights (grpoplus.rollout.quantize: the
             learner's module itself, or a bf16-rounded or int8 copy made again at every sync; a
-            LoRA policy's merged weights);
+            LoRA policy's merged weights; a LoRA policy on a 4-bit base: its own module, adapters on);
             ``max_num_seqs`` bounds the rows decoded at once (``None``: all ``B * G``);
             ``record_routing`` (MoE policies) returns the sampler's expert routing with the rollouts;
             ``extra={"pack_weights": False}`` decodes with the weights as they are instead of oneDNN's
@@ -195,11 +196,14 @@ class HFEngine:
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
         """Load the learner's weights (any :mod:`grpoplus.sync` source): share a module in this process itself,
         or make a new low-precision copy of it; other sources are copied into the module the engine was built
-        on. A LoRA policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W)."""
+        on. A LoRA policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W);
+        one on a 4-bit base (learner.quantize) through its own module, adapters on."""
         self.model = self._sampler(module_of(weights, self.base))
         self.version = version
 
     def _sampler(self, model: torch.nn.Module) -> torch.nn.Module:
+        if is_lora(model) and is_4bit(model):  # 4-bit weights cannot hold W + delta W: the policy's own module
+            return compute_module(model)
         if is_lora(model):  # merged weights decode at the base model's cost (no adapter matmuls per step)
             if self.merged is None:
                 self.merged = plain_model(model, merged=True)

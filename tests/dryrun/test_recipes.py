@@ -99,6 +99,24 @@ def test_the_memory_estimate_is_the_hand_computation():
         (SMOL - rest) * 2 + rest * 4
 
 
+def test_a_4bit_base_is_counted_at_4_bits_and_a_missing_bitsandbytes_is_a_need(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    base = ["learner.model=/models/SmolLM2-135M-Instruct", "lora_rank=16"]
+    lora, qlora = dry_run(overrides=base), dry_run(overrides=[*base, "quantize=nf4"])
+    # 30 layers x (q, o: 576x576; k, v: 576x192; gate, up, down: 576x1536) = 106,168,320 linear weights, each 4 bits
+    # and a float32 scale per block of 64 (576 and 1536 are multiples of 64): 9/16 byte; the rest (the tied
+    # embedding 49152x576, 61 norms) float32
+    linear = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    items = {item.what.split(" (")[0]: item.bytes for item in qlora.devices[0].items}
+    assert items["base: decoder layers' linear weights in 4-bit nf4"] == linear * 9 // 16
+    assert items["base: the rest"] == (SMOL - linear) * 4
+    assert "merged copy of the adapted layers" not in items  # the engine samples the 4-bit policy itself
+    assert items["oneDNN's reordered copy of the LM head, while sampling"] == 49152 * 576 * 4
+    assert qlora.devices[0].total < lora.devices[0].total / 3  # 0.36 GB against 1.47 GB
+    assert "learner.quantize=nf4 needs the bitsandbytes package" in " | ".join(qlora.needs)
+
+
 def test_known_architectures_are_the_published_models():
     """Each table entry, built by transformers on the meta device, has the count the formula gives, within 1 % of
     its model card's; LoRA adapter counts are peft's."""
