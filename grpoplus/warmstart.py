@@ -71,26 +71,31 @@ def warmstart_recipe(
     *,
     size: str = "small",
     seed: int = 0,
-    steps: int = DEFAULT_STEPS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    steps: int | None = None,
+    batch_size: int | None = None,
     lr: float = DEFAULT_LR,
     direct_frac: float = DEFAULT_DIRECT_FRAC,
     eval_seed: int | None = None,
 ) -> dict:
     """Everything that determines the warm-started weights (hashed into the cache dir name).
 
+    ``steps`` / ``batch_size`` (None): the task factory's ``sft_steps`` / ``sft_batch_size`` when it names them (a
+    task of long responses takes fewer, smaller steps), else :data:`DEFAULT_STEPS` / :data:`DEFAULT_BATCH_SIZE`.
     ``eval_seed``: the seed of the held-out split the run evaluates on, when it is not ``seed``;
     its prompts are then left out of the supervised data (recorded only then, so the recipes,
     and the caches, of runs that evaluate on their own seed's split are unchanged).
     """
     difficulty = default_difficulty(task) if difficulty is None else difficulty
+    factory = TASKS.get(task)
+    steps = getattr(factory, "sft_steps", DEFAULT_STEPS) if steps is None else steps
+    batch_size = getattr(factory, "sft_batch_size", DEFAULT_BATCH_SIZE) if batch_size is None else batch_size
     recipe = dict(
         version=RECIPE_VERSION, task=task, difficulty=difficulty, size=size,
         seed=seed, steps=steps, batch_size=batch_size, lr=lr, direct_frac=direct_frac,
     )
     if eval_seed is not None and eval_seed != seed:
         recipe["eval_seed"] = eval_seed
-    games = getattr(TASKS.get(task), "sft_version", None)  # a multi-turn task's own version of its warm-start games
+    games = getattr(factory, "sft_version", None)  # a multi-turn task's own version of its warm-start games
     if games is not None:
         recipe["games"] = games
     return recipe
@@ -176,7 +181,7 @@ def train_sft(model, tokenizer, prompts: list[str], targets: list[str], *, steps
 
 def sft_targets(task, examples, direct_frac: float, seed: int) -> list:
     """The SFT response of each example: the worked target, or with probability ``direct_frac``
-    only its final ``#answer`` part.
+    only its final ``#answer`` part (a target without ``#``, a function call, has no shorter form).
 
     The mixture gives the warm-started policy two habits: answering at once (short, usually
     wrong on long problems) and working step by step (longer, usually right). Greedy decoding
@@ -189,7 +194,8 @@ def sft_targets(task, examples, direct_frac: float, seed: int) -> list:
     targets = []
     for example in examples:
         worked = task.sft_target(example)
-        targets.append("#" + worked.rpartition("#")[2] if rng.random() < direct_frac else worked)
+        direct = rng.random() < direct_frac  # drawn for every example: the other tasks' targets stay as they were
+        targets.append("#" + worked.rpartition("#")[2] if direct and "#" in worked else worked)
     return targets
 
 
@@ -236,8 +242,8 @@ def build_warmstart(
     *,
     size: str = "small",
     seed: int = 0,
-    steps: int = DEFAULT_STEPS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    steps: int | None = None,
+    batch_size: int | None = None,
     lr: float = DEFAULT_LR,
     direct_frac: float = DEFAULT_DIRECT_FRAC,
     eval_seed: int | None = None,
@@ -254,7 +260,7 @@ def build_warmstart(
     if is_complete(final) and not rebuild:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    _say(f"building {final.name} ({steps} supervised steps of the tiny model; once per recipe, then cached "
+    _say(f"building {final.name} ({recipe['steps']} supervised steps of the tiny model; once per recipe, then cached "
          f"in {final.parent})")
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
@@ -299,8 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-seed", type=int, default=None,
                         help="seed of the held-out split to keep out of the supervised data (default: --seed)")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="supervised steps")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--steps", type=int, default=None, help=f"supervised steps (default: the task's, else "
+                                                                  f"{DEFAULT_STEPS})")
+    parser.add_argument("--batch-size", type=int, default=None, help=f"(default: the task's, else {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--lr", type=float, default=DEFAULT_LR)
     parser.add_argument("--direct-frac", type=float, default=DEFAULT_DIRECT_FRAC,
                         help="share of SFT targets that give the answer without working")

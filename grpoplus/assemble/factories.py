@@ -19,7 +19,7 @@ from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.models.qlora import FourBit, parameter_count
-from grpoplus.plan.data import build_data, builtin_tasks
+from grpoplus.plan.data import build_data, builtin_tasks, data_rows
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 from grpoplus.prompts import PromptSampler
 
@@ -119,7 +119,7 @@ def build_task_and_model(plan: RunPlan):
 
     cfg, where = plan.config, plan.placement
     d, name = cfg.data, cfg.learner.model
-    tasks = builtin_tasks(cfg)
+    tasks, rows = builtin_tasks(cfg), data_rows(cfg)  # a data set's rows are checked before the model loads
     # refused before the tiny model's warm start
     if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):
         raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
@@ -128,7 +128,7 @@ def build_task_and_model(plan: RunPlan):
     host = where.driver_copy_in_host_memory
     model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device,
                                     trains=not (host and where.on_gpus))
-    return (*build_data(cfg, tokenizer, tasks), model, tokenizer)
+    return (*build_data(cfg, tokenizer, tasks, rows), model, tokenizer)
 
 
 def build_lora(lora: LoraPlan, model):

@@ -9,14 +9,21 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grpoplus.config.sections import Config, env_of
+from grpoplus.config.sections import Config, env_of, response_budget
 
 
 def fit_defaults(cfg: Config, given: set[str]) -> None:
     """Fit values nobody gave (defaults and presets) to the ones given, with a note on stderr, where the
     combination would otherwise be refused: a preset's mini-batch count above the prompts per step, a default
-    micro-batch too large to give every learner rank one. Values given are left to :func:`_check`."""
+    micro-batch too large to give every learner rank one, a response length shorter than a built-in task's
+    reference responses. Values given are left to :func:`_check`."""
     r, lrn, algo = cfg.rollout, cfg.learner, cfg.algo
+    needed = _task_response_tokens(cfg)
+    if needed and needed > r.max_new_tokens and not {"rollout.max_new_tokens", "algo.max_len"} & given:
+        _note(f"rollout.max_new_tokens raised from {r.max_new_tokens} to {needed}: task {cfg.data.task!r} answers in "
+              f"up to about {needed} tokens")
+        r.max_new_tokens = needed
+        cfg.algo = algo = dataclasses.replace(algo, max_len=response_budget(cfg.data, r))
     if "algo.num_minibatches" not in given and algo.num_minibatches > r.prompts_per_step:
         _note(f"algo.num_minibatches lowered from {algo.num_minibatches} (preset {cfg.run.preset}) to "
               f"{r.prompts_per_step}: a mini-batch needs a whole group, and rollout.prompts_per_step="
@@ -34,6 +41,15 @@ def fit_defaults(cfg: Config, given: set[str]) -> None:
               f"learner.data_parallel={lrn.data_parallel} ranks takes whole micro-batches of a {rows}-response "
               "mini-batch")
         lrn.micro_batch_size = size
+
+
+def _task_response_tokens(cfg: Config) -> int | None:
+    """The ``response_tokens`` a built-in task's factory names (its reference responses' length), else None."""
+    if cfg.data.data is not None:
+        return None
+    from grpoplus.tasks import TASKS
+
+    return getattr(TASKS.get(cfg.data.task), "response_tokens", None) if cfg.data.task in TASKS else None
 
 
 def _rank_micro_batches(cfg: Config) -> tuple[int, int | None]:

@@ -66,7 +66,8 @@ class RunConfig:
 @dataclass
 class DataConfig:
     task: str = "arithmetic"
-    """Built-in task (arithmetic, countdown) or, with `data`, the name shown in logs."""
+    """Built-in task (arithmetic, countdown, wordproblems, function_calling, guess) or, with `data`, the name shown in
+    logs."""
     difficulty: int | None = None
     """Difficulty knob of the built-in task (None = the task's default)."""
     task_kwargs: dict = field(default_factory=dict)

@@ -2,7 +2,9 @@
 
 Every loader yields ``(line_no, row)``; :func:`load_records` maps fields, extracts the
 reference answer and decides, per ``on_bad_row``, whether a malformed row is skipped
-(and reported with its line number) or stops the load.
+(and reported with its line number) or stops the load. A file whose first row carries
+its own tools (``tools``, or BFCL's ``function``) is a function-calling data set: every
+row is read by :func:`grpoplus.data.functions.function_call_record`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from grpoplus.data.functions import function_call_record, is_function_call_row
 from grpoplus.rewards.extract import reference_answer
 
 ANSWER_FORMATS = ("raw", "gsm8k", "math", "auto")
@@ -22,6 +25,7 @@ BAD_ROW_POLICIES = ("skip", "error")
 class LoadedData:
     records: list[dict]  # each {"prompt": str, "answer": str, "fields": {other columns}}
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line/row number, reason)
+    function_calls: bool = False  # the rows carry tools and expected calls (grpoplus.data.functions)
 
 
 class _BadRow(Exception):
@@ -96,11 +100,16 @@ def read_rows(path: Path) -> Iterator[tuple[int, object]]:
     return reader(path)
 
 
-def _record(row, prompt_field: str, answer_field: str, answer_format: str) -> dict:
+def _record(row, prompt_field: str, answer_field: str, answer_format: str, calls: bool = False) -> dict:
     if isinstance(row, _BadRow):
         raise row
     if not isinstance(row, dict):
         raise _BadRow(f"expected an object, got {type(row).__name__}")
+    if calls:
+        try:
+            return function_call_record(row, prompt_field, answer_field)
+        except ValueError as err:
+            raise _BadRow(str(err)) from None
     for name in (prompt_field, answer_field):
         if name not in row:
             raise _BadRow(f"missing field {name!r}")
@@ -142,11 +151,13 @@ def load_records(
     used = {prompt_field: False, answer_field: False}
     for line_no, row in read_rows(path):
         if isinstance(row, dict):
+            if not seen_fields:
+                data.function_calls = is_function_call_row(row)
             seen_fields.update(row)
             for name in used:
-                used[name] = used[name] or name in row
+                used[name] = used[name] or name in row or data.function_calls  # those rows name them their way
         try:
-            data.records.append(_record(row, prompt_field, answer_field, answer_format))
+            data.records.append(_record(row, prompt_field, answer_field, answer_format, data.function_calls))
         except _BadRow as bad:
             if on_bad_row == "error":
                 raise ValueError(f"{path}: line {line_no}: {bad}") from None

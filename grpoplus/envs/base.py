@@ -43,7 +43,7 @@ class MalformedStep(ValueError):
 
 
 # name -> factory(**row) -> environment
-ENVS: Registry = Registry("environment", builtins=("grpoplus.envs.guess",))
+ENVS: Registry = Registry("environment", builtins=("grpoplus.envs.functions", "grpoplus.envs.guess"))
 
 
 def env_factory(spec: str) -> Callable[..., Any]:

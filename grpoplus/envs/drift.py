@@ -11,7 +11,8 @@ boundary differs from the ids sampled.
 
 from __future__ import annotations
 
-from grpoplus.envs.render import has_template, messages, roles_known, with_tools
+from grpoplus.data.chat import with_tools
+from grpoplus.envs.render import has_template, messages, roles_known
 
 
 def drifted(tokenizer, episode) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from grpoplus.data.chat import with_tools
 from grpoplus.envs.base import Observation
 
 CHAR_MARKUP = "=> {text}\n"
@@ -63,28 +64,6 @@ def first_prompt_ids(tokenizer, obs: Observation, tools: list[dict] | None = Non
     text = tokenizer.apply_chat_template(roles_known(tokenizer, msgs), tools=tools, tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def with_tools(tokenizer, msgs: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
-    """(messages, tools to pass the template): the tools stay with a template that takes them, else they are
-    described in a system message and the template gets none."""
-    if not tools or _takes_tools(tokenizer):
-        return msgs, tools
-    from grpoplus.envs.tools import tools_system_text
-
-    return _with_system(msgs, tools_system_text(tools)), None
-
-
-def _with_system(msgs: list[dict], text: str) -> list[dict]:
-    """``text`` as the system message (before an existing one's content)."""
-    if msgs and msgs[0]["role"] == "system":
-        return [dict(msgs[0], content=text + "\n\n" + msgs[0]["content"])] + msgs[1:]
-    return [{"role": "system", "content": text}] + msgs
-
-
-def _takes_tools(tokenizer) -> bool:
-    """The chat template renders a ``tools`` argument (transformers' tool-use templates)."""
-    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
 _HOLE = "\x00grpoplus-observation-{}\x00"

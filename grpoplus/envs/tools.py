@@ -10,7 +10,7 @@ a turn with no call is the final answer and ends the episode. A tool that raises
 is not valid JSON answers the model with the error as the tool's result (counted in ``env/tool_errors``), and the
 episode goes on. A chat template that takes ``tools`` renders the schemas itself; any other (SmolLM2's plain
 ChatML, the character model) gets them in a system message with the call format stated
-(:func:`tools_system_text`).
+(:func:`grpoplus.rewards.tool_calls.tools_system_text`).
 
 Built-in tools: ``calculator`` (arithmetic, no names or calls) and ``python`` (runs code in grpoplus's code
 sandbox: :func:`grpoplus.rewards.sandbox.run_python`, no host files, no network).
@@ -22,13 +22,12 @@ import ast
 import inspect
 import json
 import operator
-import re
 from typing import Any, Callable
 
 from grpoplus.envs.base import StepResult
 from grpoplus.registry import Registry, import_object
+from grpoplus.rewards.tool_calls import CALL, parse_call
 
-CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 RESERVED = {"reset", "step", "close", "get_reward"}  # a tool class's methods that are not tools
 TOOLS: Registry = Registry("tool")
 
@@ -44,39 +43,14 @@ def schema(fn: Callable) -> dict:
                          "type hints and a docstring with an Args: section") from None
 
 
-def tools_system_text(schemas: list[dict]) -> str:
-    """The system message that describes the tools and the call format (with an example call of the first tool)
-    to a template that cannot."""
-    functions = [s.get("function", s) for s in schemas]
-    listed = "\n".join(json.dumps(f) for f in functions)
-    return ("You can call these tools:\n" + listed + "\nTo call a tool, write "
-            '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>, for example '
-            f"<tool_call>{json.dumps(_example_call(functions[0]))}</tool_call>. Its result comes back in the next "
-            "message. When you are done, answer without a tool call.")
-
-
-def _example_call(function: dict) -> dict:
-    """A call of ``function`` with a placeholder value of the right JSON type for each required argument."""
-    placeholders = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
-    properties = function.get("parameters", {}).get("properties", {})
-    required = function.get("parameters", {}).get("required", list(properties))
-    return {"name": function["name"],
-            "arguments": {k: placeholders.get(properties[k].get("type"), "...") for k in required if k in properties}}
-
-
 def parse_calls(text: str) -> list[tuple[str, dict] | str]:
     """Each ``<tool_call>`` of ``text`` as ``(name, arguments)``, or an error string for a malformed one."""
-    calls = []
+    calls: list[tuple[str, dict] | str] = []
     for body in CALL.findall(text):
         try:
-            call = json.loads(body)
-            name, arguments = call["name"], call.get("arguments", {})
-            if not isinstance(name, str) or not isinstance(arguments, dict):
-                raise TypeError("name must be a string and arguments an object")
-            calls.append((name, arguments))
-        except (ValueError, KeyError, TypeError) as err:
-            calls.append(f"error: the tool call {body.strip()[:80]!r} is not valid "
-                         f'{{"name": ..., "arguments": {{...}}}} JSON ({err})')
+            calls.append(parse_call(body))
+        except ValueError as err:
+            calls.append(f"error: {err}")
     return calls
 
 

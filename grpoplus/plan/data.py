@@ -4,7 +4,12 @@ roles and the dry run measures their prompts. No weight is loaded to make them."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from grpoplus.config import Config, env_of
+
+if TYPE_CHECKING:
+    from grpoplus.tasks.dataset import DataRows
 
 
 def builtin_tasks(cfg: Config) -> tuple | None:
@@ -20,11 +25,21 @@ def builtin_tasks(cfg: Config) -> tuple | None:
     return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
 
 
-def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[object, list, list]:
+def data_rows(cfg: Config) -> DataRows | None:
+    """The records of a data set (``data.data``), its rows checked, read before any model loads (a bad row is
+    refused or skipped before minutes of loading); None for a built-in task."""
+    from grpoplus.tasks.dataset import read_rows
+
+    return read_rows(cfg.data) if cfg.data.data is not None else None
+
+
+def build_data(cfg: Config, tokenizer, tasks: tuple | None = None,
+               rows: DataRows | None = None) -> tuple[object, list, list]:
     """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
     ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
     A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``), except in a multi-turn
-    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`)."""
+    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`). ``rows``: a data set's
+    records as :func:`data_rows` read them (read here when not given)."""
     from grpoplus.tasks import without_prompts
     from grpoplus.tasks.dataset import dataset_task
     from grpoplus.tasks.synthetic import with_chat_template
@@ -33,7 +48,7 @@ def build_data(cfg: Config, tokenizer, tasks: tuple | None = None) -> tuple[obje
     tasks = tasks or builtin_tasks(cfg)
     chat = d.chat_template and env_of(d) is None
     if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
-        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed)
+        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed, rows=rows)
         held_out = task
     elif getattr(tasks[0], "chat", False) and chat:
         task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)

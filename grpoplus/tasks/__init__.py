@@ -1,7 +1,7 @@
 """Tasks: prompts, reference answers and verifiers, looked up by name in ``TASKS``.
 
 Importing this package registers the built-in tasks (``arithmetic``, ``countdown``,
-``wordproblems``, and the multi-turn ``guess``).
+``function_calling``, ``wordproblems``, and the multi-turn ``guess``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 
-from grpoplus.tasks import arithmetic, countdown, wordproblems  # noqa: F401  (registers the built-in tasks)
+from grpoplus.tasks import (  # noqa: F401  (registers the built-in tasks)
+                            arithmetic,
+                            countdown,
+                            function_calling,
+                            wordproblems,
+)
 from grpoplus.tasks.base import TASKS, Example, Task, without_prompts
 
 if importlib.util.find_spec("reasoning_gym") is not None:  # the optional extra (grpoplus[envs]) is installed

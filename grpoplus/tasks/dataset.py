@@ -4,15 +4,33 @@ Prompts come from ``prompt_field`` (through the model's chat template when it ha
 reference answers from ``answer_field`` (GSM8K / MATH extraction per ``answer_format``),
 and correctness is checked by the math verifier. Without ``eval_data`` a deterministic
 10% (at most ``eval_size``) of the rows is held out.
+
+A function-calling data set (rows that carry their own ``tools``, :mod:`grpoplus.data.functions`) is checked by
+the ``function_call`` reward instead, and each prompt is rendered with its row's tools (through a template that
+takes ``tools``, else described in a system message with the call format stated).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from grpoplus.tasks.base import Example
+
+
+def math_verifier(prompts, completions, answer, **fields) -> list[float]:
+    from grpoplus.rewards import math_reward
+
+    return [math_reward(c, a) for c, a in zip(completions, answer)]
+
+
+def function_call_verifier(prompts, completions, answer, **fields) -> list[float | None]:
+    from grpoplus.rewards.function_call import function_call_reward
+
+    return function_call_reward(prompts, completions, answer=answer, tools=fields.get("tools"),
+                                parallel=fields.get("parallel"))
 
 
 @dataclass
@@ -20,20 +38,36 @@ class DatasetTask:
     name: str
     train: list
     test: list
+    verifier: Callable[..., list] = math_verifier
 
     def split(self, name: str) -> list:
         if name not in ("train", "test"):
             raise ValueError(f"unknown split {name!r}; choose train or test")
         return self.train if name == "train" else self.test
 
-    def reward(self, prompts, completions, answer, **fields) -> list[float]:
-        from grpoplus.rewards import math_reward
-
-        return [math_reward(c, a) for c, a in zip(completions, answer)]
+    def reward(self, prompts, completions, answer, **fields) -> list:
+        return self.verifier(prompts, completions, answer, **fields)
 
 
-def _examples(path: str, d, tokenizer) -> list:
-    from grpoplus.data import apply_chat_template, load_records
+@dataclass(frozen=True)
+class DataRows:
+    """A data set's records, read (and their rows checked) before any model loads; ``held_out``: those of
+    ``eval_data``, None without it."""
+
+    train: list[dict]
+    held_out: list[dict] | None
+    function_calls: bool = False
+
+
+def read_rows(d) -> DataRows:
+    """The records of ``d.data`` and ``d.eval_data`` (a :class:`grpoplus.config.DataConfig`)."""
+    train, calls = _records(d.data, d)
+    held_out = _records(d.eval_data, d)[0] if d.eval_data else None
+    return DataRows(train, held_out, calls)
+
+
+def _records(path: str, d) -> tuple[list[dict], bool]:
+    from grpoplus.data import load_records
 
     loaded = load_records(path, prompt_field=d.prompt_field, answer_field=d.answer_field,
                           answer_format=d.answer_format, on_bad_row=d.on_bad_row)
@@ -42,17 +76,32 @@ def _examples(path: str, d, tokenizer) -> list:
         print(f"{path}: skipped {len(loaded.skipped)} malformed rows ({shown})")
     if not loaded.records:
         raise ValueError(f"{path}: no usable rows (fields {d.prompt_field!r} / {d.answer_field!r})")
-    return [Example(apply_chat_template(tokenizer, r["prompt"]) if tokenizer is not None else r["prompt"],
-                    r["answer"], r.get("fields", {})) for r in loaded.records]
+    return loaded.records, loaded.function_calls
 
 
-def dataset_task(d, tokenizer, seed: int) -> DatasetTask:
-    """Build from a :class:`grpoplus.config.DataConfig` (``data``, fields, ``eval_data``)."""
-    rows = _examples(d.data, d, tokenizer)
-    if d.eval_data:
-        return DatasetTask(d.task, rows, _examples(d.eval_data, d, tokenizer))
-    if len(rows) < 2:
+def _example(record: dict, tokenizer) -> Example:
+    """A record as an example: its prompt through the chat template (``tokenizer`` None: as it is), a
+    function-calling record's with its tools (described above the prompt without a template)."""
+    from grpoplus.data import apply_chat_template
+
+    fields = record.get("fields", {})
+    if "tools" in fields:
+        return Example(apply_chat_template(tokenizer, fields["messages"], tools=fields["tools"]), record["answer"],
+                       fields)
+    prompt = apply_chat_template(tokenizer, record["prompt"]) if tokenizer is not None else record["prompt"]
+    return Example(prompt, record["answer"], fields)
+
+
+def dataset_task(d, tokenizer, seed: int, rows: DataRows | None = None) -> DatasetTask:
+    """Build from a :class:`grpoplus.config.DataConfig` (``data``, fields, ``eval_data``) and its ``rows`` (read
+    now when not given)."""
+    rows = rows or read_rows(d)
+    verifier = function_call_verifier if rows.function_calls else math_verifier
+    train = [_example(r, tokenizer) for r in rows.train]
+    if rows.held_out is not None:
+        return DatasetTask(d.task, train, [_example(r, tokenizer) for r in rows.held_out], verifier)
+    if len(train) < 2:
         raise ValueError(f"{d.data}: at least 2 rows are needed to hold some out (or give eval_data)")
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_test = max(1, min(d.eval_size, len(rows) // 10))
-    return DatasetTask(d.task, [rows[i] for i in order[n_test:]], [rows[i] for i in order[:n_test]])
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_test = max(1, min(d.eval_size, len(train) // 10))
+    return DatasetTask(d.task, [train[i] for i in order[n_test:]], [train[i] for i in order[:n_test]], verifier)

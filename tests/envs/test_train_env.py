@@ -72,7 +72,7 @@ def test_the_built_in_guess_task_runs_on_any_model(nano_dir, tmp_path, credit):
 
 
 def test_environment_config_errors_are_one_line():
-    with pytest.raises(ValueError, match="unknown environment 'nope'; choose one of: guess"):
+    with pytest.raises(ValueError, match="unknown environment 'nope'; choose one of: function_calling, guess"):
         build_config(overrides=["env=nope"])
     with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
         build_config(overrides=["env=no_such_module:make"])
