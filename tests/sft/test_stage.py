@@ -123,7 +123,7 @@ def test_off_policy_distillation_trains_on_the_teachers_correct_samples(tmp_path
     (["--demos", "missing.jsonl"], "does not exist"),
     (["--demos", "d.jsonl", "--teacher", "x"], "two sources of demonstrations"),
     (["demos_per_step=0"], "sft.demos_per_step must be >= 1"),
-    (["cluster=ray"], "use cluster=local"),
+    (["sft.direct_frac=2"], "sft.direct_frac must be in [0, 1]"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, said):
     done = subprocess.run([sys.executable, "-m", "grpoplus", "sft", "--model", "tiny-untrained", "--out",
