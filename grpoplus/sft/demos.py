@@ -145,15 +145,15 @@ def turns_demo(tokenizer, prompt: list[int], turns: list[tuple[str, object]], ma
 
 
 def row_tools(row: dict, where: str) -> list[dict] | None:
-    """The row's ``tools`` (JSON schemas), checked; None when it has none."""
+    """The row's ``tools`` (JSON schemas, or JSON text of them) as given, checked by the function-calling rows' own
+    reader (:func:`grpoplus.rewards.tool_schemas.read_tools`); None when it has none."""
+    from grpoplus.rewards.tool_schemas import read_tools
+
     tools = row.get("tools") if isinstance(row, dict) else None
     if tools is None:
         return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as err:
-            raise DemoError(f"{where}: 'tools' is not valid JSON ({err.msg})") from None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and "name" in t.get("function", t) for t in tools):
-        raise DemoError(f"{where}: 'tools' must be a list of JSON schemas, each with a function name")
-    return tools
+    try:
+        read_tools(tools)
+    except ValueError as err:
+        raise DemoError(f"{where}: {err}") from None
+    return json.loads(tools) if isinstance(tools, str) else tools

@@ -108,3 +108,11 @@ def test_the_calculator_demonstrations_solve_each_problem_with_one_call_per_step
         assert msgs[-1]["content"] == f"#### {example.answer}"
     with pytest.raises(ValueError, match="--task wordproblems"):
         builtin_rows("wordproblems-calculator", "arithmetic", examples)
+
+
+def test_tools_are_checked_by_the_function_calling_reader():
+    from grpoplus.sft.demos import row_tools
+
+    assert row_tools({"tools": json.dumps([CALC])}, "row 1") == [CALC]
+    with pytest.raises(DemoError, match="^row 2: tool 1 has no name"):
+        row_tools({"tools": [{"description": "x"}]}, "row 2")
