@@ -180,6 +180,15 @@ def _checkpointing_without_replay(cfg: Config) -> None:
                          f"turn one of them off")
 
 
+@rule("packing")
+def _packing(cfg: Config) -> None:
+    """Packed micro-batches (learner.packing=on) pack the policy's forwards, not the teacher's distillation forward."""
+    if cfg.learner.packing == "on" and cfg.run.stage != "sft" and cfg.algo.distill_loss != "off":
+        raise ValueError(f"learner.packing=on packs the policy's forwards, but algo.distill_loss={cfg.algo.distill_loss}"
+                         " runs the policy beside its teacher on padded rows: set learner.packing=auto (pads there) or "
+                         "off, or algo.distill_loss=off")
+
+
 @rule("packages")
 def _packages(cfg: Config) -> None:
     """The optional packages the run needs (loggers, engine, model format, math verifier) are installed."""

@@ -200,6 +200,12 @@ class LearnerConfig:
     """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
     G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
     numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
+    packing: Literal["auto", "on", "off"] = "off"
+    """Packed micro-batches: the rows of each learner forward as one sequence of their real tokens, each row
+    attending only to itself (restarting position ids), so no padding token enters any layer; the same numbers as
+    padded rows. on: refused in one line where the model cannot pack (a recurrent or convolutional layer would carry
+    one row's state into the next); auto: pack where proven, else pad, said once; off: pad. A packed forward computes
+    every row's prompt (learner.share_prompts does not apply to it); learner.micro_batch_tokens then counts real tokens."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
     much less activation memory for one more forward of the body per update; the same numbers."""
@@ -319,6 +325,7 @@ SECTIONS: dict[str, type] = {
 }
 
 BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"},
+                                            "learner.packing": {True: "on", False: "off"},
                                             **{f"algo.{key}": {False: "off"}
                                                for key in ("routing_replay", "turn_credit", "distill_loss")}}
 """Keys that were booleans before they had more choices, and keys whose choice ``off`` YAML 1.1 reads as false (a

@@ -23,7 +23,8 @@ from contextlib import nullcontext
 
 import torch
 
-from grpoplus.learner.logprobs import TokenLogProb, float_work_dtype, row_slices
+from grpoplus.learner.logprobs import TokenLogProb, float_work_dtype, row_slices, trimmed_inputs
+from grpoplus.learner.packing import pack_rows
 
 
 def _row_chunks(logits: torch.Tensor) -> list[slice]:
@@ -68,33 +69,41 @@ def token_entropy_with_grad(logits: torch.Tensor, temperature: float = 1.0) -> t
 
 def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                   response_ids: torch.Tensor, response_mask: torch.Tensor, *,
-                                  temperature: float = 1.0, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
+                                  temperature: float = 1.0, routing=None, packing: bool = False
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
 
     The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
     (left prompt and right response columns that are padding in every row trimmed, the engine's
-    position ids), with the entropy taken by :class:`TokenEntropy` from the same logits. It
-    materialises the [n, T, V] logits, which the chunked-head path of ``response_logprobs`` avoids:
-    to be folded into that module (an ``entropy_grad`` option of its chunked head). ``routing``:
-    MoE routing of the forward, as in ``response_logprobs`` (called with the row and input-column slices).
+    position ids; ``packing``: the rows' real tokens as one sequence, :mod:`grpoplus.learner.packing`), with the
+    entropy taken by :class:`TokenEntropy` from the same logits. It materialises the logits of the response
+    tokens, which the chunked-head path of ``response_logprobs`` avoids: to be folded into that module (an
+    ``entropy_grad`` option of its chunked head). ``routing``: MoE routing of the forward, as in
+    ``response_logprobs`` (called with the row and input-column slices, and a packed forward's real tokens).
     """
-    keep_p = prompt_mask.bool().any(0).nonzero()
-    p0 = int(keep_p[0]) if len(keep_p) else prompt_ids.shape[1]
-    keep_t = response_mask.bool().any(0).nonzero()
-    t1 = int(keep_t[-1]) + 1 if len(keep_t) else 0
     n, T = response_ids.shape
+    input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(prompt_ids, prompt_mask, response_ids,
+                                                                     response_mask)
     if t1 == 0:  # no response token at all: nothing to score
         zeros = response_mask.new_zeros(n, T, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
         return zeros, zeros.clone()
-    input_ids = torch.cat([prompt_ids[:, p0:], response_ids[:, :t1]], 1)  # [n, P' + t1]
-    attention_mask = torch.cat([prompt_mask[:, p0:], response_mask[:, :t1].to(prompt_mask.dtype)], 1)
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    with nullcontext() if routing is None else routing(slice(0, n), slice(p0, prompt_ids.shape[1] + t1)):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: P'-1+t predicts t
-    mask = response_mask[:, :t1]
-    logp = TokenLogProb.apply(logits, response_ids[:, :t1], temperature)
+    tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
+    where = mask.bool().nonzero(as_tuple=True)
+    packed = pack_rows(input_ids, attention_mask, position_ids, where, input_ids.shape[1] - t1) if packing else None
+    cols = slice(p0, prompt_ids.shape[1] + t1)
+    with nullcontext() if routing is None else routing(slice(0, n), cols, None if packed is None else packed.keep):
+        if packed is None:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: P'-1+t predicts t
+        else:
+            logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                           logits_to_keep=packed.predict).logits  # [1, M, V]
+            tokens = tokens[where][None]  # [1, M]
+    logp = TokenLogProb.apply(logits, tokens, temperature)
     entropy = TokenEntropy.apply(logits, temperature)
+    if packed is not None:  # [1, M] -> [n, t1]
+        logp, entropy = (logp.new_zeros(mask.shape).index_put(where, x[0]) for x in (logp, entropy))
+    else:
+        logp, entropy = logp * mask.to(logp.dtype), entropy * mask.to(entropy.dtype)
     pad = (0, T - t1)
-    return (torch.nn.functional.pad(logp * mask.to(logp.dtype), pad),
-            torch.nn.functional.pad(entropy * mask.to(entropy.dtype), pad))
+    return torch.nn.functional.pad(logp, pad), torch.nn.functional.pad(entropy, pad)

@@ -23,6 +23,7 @@ from functools import partial
 import torch
 
 from grpoplus.containers import Rollouts
+from grpoplus.learner.packing import PackedRows, pack_rows
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
@@ -171,23 +172,38 @@ def body_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attentio
 
 
 def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
-               share_prompts=False):
-    """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only."""
+               share_prompts=False, packed: PackedRows | None = None):
+    """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only (``packed``: the
+    rows' real tokens as one sequence, :mod:`~grpoplus.learner.packing`)."""
     t1 = tokens.shape[1]
-    hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1,
-                                  always=share_prompts == "always") if share_prompts else None
-    if hidden is None:
-        hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
     where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
-    logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden[where], head.weight, tokens[where], temperature,
-                                                 with_entropy)  # [M]
-    logp = logp_m.new_zeros(tokens.shape).index_put(where, logp_m)  # [n, t1], differentiable in logp_m
-    entropy = entropy_m.new_zeros(tokens.shape).index_put(where, entropy_m) if with_entropy else None
-    return logp, entropy
+    if packed is not None:
+        hidden = body_hidden_states(model, packed.input_ids, None, packed.position_ids)[0, packed.predict]  # [M, H]
+    else:
+        hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1,
+                                      always=share_prompts == "always") if share_prompts else None
+        if hidden is None:
+            hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
+        hidden = hidden[where]  # [M, H]
+    logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden, head.weight, tokens[where], temperature, with_entropy)  # [M]
+    return _scattered(logp_m, where, tokens.shape), _scattered(entropy_m, where, tokens.shape) if with_entropy else None
 
 
-def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy):
+def _scattered(values: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], shape) -> torch.Tensor:
+    """[M] values at ``where`` of a zero [n, t1] tensor, differentiable in ``values``."""
+    return values.new_zeros(shape).index_put(where, values)
+
+
+def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
+                 packed: PackedRows | None = None):
     """logp (and entropy) [n, t1] from the model's own logits (architectures the head path does not cover)."""
+    if packed is not None:  # the logits of the M outputs that predict response tokens: [1, M, V]
+        where = mask.bool().nonzero(as_tuple=True)
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                       logits_to_keep=packed.predict).logits
+        logp_m = TokenLogProb.apply(logits, tokens[where][None], temperature)[0]
+        entropy_m = token_entropy(logits.detach(), temperature)[0] if with_entropy else None
+        return _scattered(logp_m, where, tokens.shape), _scattered(entropy_m, where, tokens.shape) if with_entropy else None
     t1 = tokens.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
@@ -215,22 +231,28 @@ def trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask, min_res
 
 
 def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                  routing=None, share_prompts=False):
-    """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed."""
+                  routing=None, share_prompts=False, packing=False):
+    """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed,
+    or (``packing``) every padding token left out."""
     n, T = response_ids.shape
     # share_prompts="always": two body passes whatever the rows (see response_logprobs)
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(
-        prompt_ids, prompt_mask, response_ids, response_mask, min_response=2 if share_prompts == "always" else 0)
+        prompt_ids, prompt_mask, response_ids, response_mask,
+        min_response=2 if share_prompts == "always" and not packing else 0)
     if t1 == 0:  # no response token at all: nothing to score
         zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
     head = chunked_head(model)
-    args = (input_ids, attention_mask, position_ids, response_ids[:, :t1], response_mask[:, :t1], temperature,
-            with_entropy)
-    # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1.
-    with nullcontext() if routing is None else routing(slice(p0, prompt_ids.shape[1] + t1)):
-        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False) \
-            if head is not None else _logits_path(model, *args)
+    tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
+    packed = pack_rows(input_ids, attention_mask, position_ids, mask.bool().nonzero(as_tuple=True),
+                       input_ids.shape[1] - t1) if packing else None
+    args = (input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy)
+    cols = slice(p0, prompt_ids.shape[1] + t1)
+    # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1 (packed: their
+    # real tokens).
+    with nullcontext() if routing is None else routing(cols, None if packed is None else packed.keep):
+        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
+                                   packed=packed) if head is not None else _logits_path(model, *args, packed=packed)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
@@ -250,7 +272,7 @@ def response_logprobs(model: torch.nn.Module, *args, **kwargs) -> tuple[torch.Te
 def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
-                share_prompts: bool | str = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                share_prompts: bool | str = True, packing: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -287,7 +309,7 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
                            response_mask[i:i + step], temperature, with_entropy,
-                           None if routing is None else partial(routing, slice(i, i + step)), share_prompts)
+                           None if routing is None else partial(routing, slice(i, i + step)), share_prompts, packing)
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

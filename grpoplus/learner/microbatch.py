@@ -23,8 +23,9 @@ def padded_width(lengths: torch.Tensor) -> int:
     return int(lengths.max(0).values.sum()) if len(lengths) else 0
 
 
-def plan_micro_batches(lengths: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
-    """Split rows into micro-batches of at most ``token_budget`` (rows x padded width) tokens.
+def plan_micro_batches(lengths: torch.Tensor, token_budget: int, packed: bool = False) -> list[torch.Tensor]:
+    """Split rows into micro-batches of at most ``token_budget`` (rows x padded width) tokens, or (``packed``:
+    the rows as one sequence without padding, :mod:`grpoplus.learner.packing`) real tokens.
 
     Rows are sorted longest first (ties by row index, so the plan is deterministic) and
     cut into consecutive runs: the fewest micro-batches that respect the budget and, among
@@ -36,7 +37,7 @@ def plan_micro_batches(lengths: torch.Tensor, token_budget: int) -> list[torch.T
     Args:
         lengths: [N] long real tokens per row, or [N, S] long per segment padded
             separately (see :func:`padded_width`).
-        token_budget: largest ``rows x padded width`` of a micro-batch (> 0).
+        token_budget: largest ``rows x padded width`` of a micro-batch (> 0), or its real tokens when ``packed``.
 
     Returns:
         Row indices ([n_k] long, ascending) of each micro-batch; every row appears in
@@ -50,23 +51,25 @@ def plan_micro_batches(lengths: torch.Tensor, token_budget: int) -> list[torch.T
         raise ValueError(f"lengths must be [N] or [N, S] non-negative counts, got shape {tuple(lengths.shape)}")
     # Longest first; a stable sort on the negated length keeps equal rows in index order.
     order = torch.sort(-segments.sum(1), stable=True).indices  # [N]
-    cuts = _best_cuts(segments[order].tolist(), token_budget)
+    rows = segments[order]
+    cuts = _best_cuts((rows.sum(1, keepdim=True) if packed else rows).tolist(), token_budget, packed)
     return [order[a:b].sort().values for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def _best_cuts(rows: list[list[int]], budget: int) -> list[int]:
+def _best_cuts(rows: list[list[int]], budget: int, packed: bool = False) -> list[int]:
     """Boundaries ``0 = c_0 < ... < c_k = n`` of consecutive runs of ``rows`` (segment lengths):
-    fewest runs within ``budget``, then fewest padded tokens. ``best[j]`` is the best
-    (runs, tokens) for the first j rows; a run's tokens only grow as it gets longer, so the
-    inner loop stops at the first run over the budget."""
+    fewest runs within ``budget``, then fewest padded tokens (``packed``: a run's tokens are the sum of its
+    rows'). ``best[j]`` is the best (runs, tokens) for the first j rows; a run's tokens only grow as it gets
+    longer, so the inner loop stops at the first run over the budget."""
     n = len(rows)
     best: list[tuple[int, int] | None] = [(0, 0)] + [None] * n
     start_of = [0] * (n + 1)
     for i in range(n):
-        width = [0] * (len(rows[0]) if rows else 0)
+        width, total = [0] * (len(rows[0]) if rows else 0), 0
         for j in range(i, n):
             width = [max(w, x) for w, x in zip(width, rows[j])]
-            tokens = (j - i + 1) * sum(width)
+            total += sum(rows[j])
+            tokens = total if packed else (j - i + 1) * sum(width)
             if j > i and tokens > budget:
                 break
             candidate = (best[i][0] + 1, best[i][1] + tokens)

@@ -49,6 +49,7 @@ class LearnerPlan:
     precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)
     sharded: bool = False  # learner.strategy=fsdp2 over several ranks: every rank runs as many forwards
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
+    packing: bool = False  # each forward's rows as one sequence without padding (grpoplus.learner.packing)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -83,7 +84,7 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
                                           rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                           temperature=plan.temperature, with_entropy=with_entropy,
                                           micro_batch_size=plan.micro_batch_size, routing=routing,
-                                          share_prompts=forward_sharing(plan))
+                                          share_prompts=forward_sharing(plan), packing=plan.packing)
     return logp.cpu(), None if entropy is None else entropy.cpu()
 
 

@@ -129,14 +129,24 @@ class LearnerRouting:
                                   dtype=ROUTING_DTYPE) if record else None  # [N, S, L, k] on the CPU
 
     @contextmanager
-    def __call__(self, rows: slice, cols: slice) -> Iterator[None]:
-        """Wrap the one forward of ``rows`` whose input is the columns ``cols`` of ``cat(prompt, response)``."""
+    def __call__(self, rows: slice, cols: slice, keep: torch.Tensor | None = None) -> Iterator[None]:
+        """Wrap the one forward of ``rows`` whose input is the columns ``cols`` of ``cat(prompt, response)``;
+        ``keep`` [n, c] bool: a packed forward's input, those columns' real tokens row after row
+        (:mod:`grpoplus.learner.packing`)."""
         target = None if self.routing is None else self.routing[rows, cols]
+        mask = self.mask[rows, cols]
+        if keep is not None:  # [n, c, ...] -> [1, S, ...]: the packed sequence's tokens
+            target = None if target is None else target[keep.to(target.device)][None]
+            mask = mask[keep.to(mask.device)][None]
         with replay_routing(self.model, target) if self.replay else record_routing(self.model) as record:
             yield
-        natural, mask = record.routing, self.mask[rows, cols]
+        natural = record.routing
         if self.tally is not None:
             self.tally.add(natural, target, mask)
         if self.natural is not None:
             real = mask.bool()[:, :, None, None].cpu()
-            self.natural[rows, cols] = torch.where(real, natural.cpu(), NATURAL)
+            natural = torch.where(real, natural.cpu(), NATURAL)
+            if keep is None:
+                self.natural[rows, cols] = natural
+            else:
+                self.natural[rows, cols][keep.cpu()] = natural[0]

@@ -24,6 +24,7 @@ from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
+from grpoplus.learner.packing import padding_metrics
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.prepare import LearnerPlan, forward_sharing
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
@@ -46,7 +47,7 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
     little padding computed) or ``micro_batch_size`` rows in order."""
     if plan.micro_batch_tokens:
         lengths = torch.stack([batch.prompt_mask.sum(1), batch.response_mask.sum(1)], 1).long().cpu()
-        return plan_micro_batches(lengths, plan.micro_batch_tokens)
+        return plan_micro_batches(lengths, plan.micro_batch_tokens, packed=plan.packing)
     return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
@@ -117,7 +118,8 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     loss_mask, norm = prepare_loss(batch.loss_mask, batch.logp_old, batch.logp_roll, batch.advantages, algo,
                                    generator=generator)
     optimizer.zero_grad(set_to_none=True)
-    mine, standins = hooks.share(micro_batches(batch, plan))
+    planned = micro_batches(batch, plan)
+    mine, standins = hooks.share(planned)
     runs = [(idx, 1.0) for idx in mine] + [(idx, 0.0) for idx in standins]
     parts = []
     for i, (idx, scale) in enumerate(runs):
@@ -138,6 +140,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics((metrics, weight) for metrics, weight, *_ in parts)
     out.update(losses)
+    out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, plan.packing))
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, _entropy(parts, batch.response_mask) if ctx.measures_entropy else None
@@ -223,10 +226,10 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
             autocast(plan.precision, args[0].device):
         if algo.entropy_bonus:
             return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
-                                          temperature=plan.temperature, routing=routing))
+                                          temperature=plan.temperature, routing=routing, packing=plan.packing))
         return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
                                       with_entropy=ctx.measures_entropy, routing=routing,
-                                      share_prompts=forward_sharing(plan)))
+                                      share_prompts=forward_sharing(plan), packing=plan.packing))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:

@@ -99,6 +99,7 @@ class UpdatePlan:
     precision: str
     sharded: bool
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
+    packing: str = "off"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,14 @@ def update_plan(cfg: Config) -> UpdatePlan:
                       "forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
                       lrn.micro_batch_tokens, algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0,
                       lrn.share_prompts, lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0,
-                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy")
+                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy", packing_mode(cfg))
+
+
+def packing_mode(cfg: Config) -> str:
+    """``learner.packing``, except that the teacher's distillation forward (algo.distill_loss) runs padded rows, so
+    auto pads with it (``on`` is refused there: the config rule ``packing``)."""
+    auto_off = cfg.run.stage != "sft" and cfg.algo.distill_loss != "off"
+    return "off" if auto_off and cfg.learner.packing == "auto" else cfg.learner.packing
 
 
 SFT_ALGO = AlgoConfig()
