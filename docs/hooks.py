@@ -234,6 +234,7 @@ def rules_page() -> str:
 
 def architectures_page() -> str:
     from grpoplus.learner.logprobs import chunked_head
+    from grpoplus.learner.packing import packing_refusal
     from grpoplus.learner.replay import moe_spec
     from grpoplus.models.families import FAMILIES, VLLM, tiny_family_model
     from grpoplus.models.tokenizer import char_tokenizer
@@ -245,10 +246,12 @@ def architectures_page() -> str:
            "every path of a run by the architecture matrix (`tests/models/test_architectures.py`, in CI): a "
            "left-padded row equals the row alone; the hf engine samples (each prompt prefilled once, finished rows "
            "pruned) with `logp_roll` equal to the learner's log-probs; activation checkpointing gives the same "
-           "gradient; LoRA adapters train alone; two steps through the trainer. The columns say which path a part "
-           "takes where the architecture decides it.", "",
-           "| `model_type` | layers | LM head in the learner | learner prompts | routing replay | vLLM engine (CPU) |",
-           "|---|---|---|---|---|---|"]
+           "gradient; LoRA adapters train alone; two steps through the trainer; packed micro-batches equal padded ones "
+           "exactly where the packing column says so. The columns say which path a part takes where the architecture "
+           "decides it.", "",
+           "| `model_type` | layers | LM head in the learner | learner prompts | packing | routing replay | "
+           "vLLM engine (CPU) |",
+           "|---|---|---|---|---|---|---|"]
     for name in sorted(FAMILIES):
         model = tiny_family_model(tok, name)
         kinds = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
@@ -256,7 +259,8 @@ def architectures_page() -> str:
             "logits (a scale or soft-cap follows the head)"
         shared = "each prompt once" if _prompts_shared(model) else "row by row (a window or a recurrent state)"
         replay = "—" if not _is_moe(model) else ("r2, r3" if moe_spec(model) is not None else "not its router")
-        out.append(f"| `{name}` | {', '.join(kinds)} | {head} | {shared} | {replay} | {cell(VLLM[name])} |")
+        packs = "packed" if packing_refusal(model) is None else "padded (a state or chunk runs across rows)"
+        out.append(f"| `{name}` | {', '.join(kinds)} | {head} | {shared} | {packs} | {replay} | {cell(VLLM[name])} |")
     return "\n".join(out) + "\n"
 
 

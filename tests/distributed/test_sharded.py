@@ -51,9 +51,10 @@ def _close(a: list[dict], b: list[dict], rel: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("micro", ["2", "3"])  # 3: a mini-batch of 8 rows makes 3 micro-batches, 2 on one rank
-def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):
-    common = ["--model", nano_dir, *SMALL, f"micro_batch_size={micro}"]
+@pytest.mark.parametrize("micro", ["2", "3", "3,packed"])  # 3: a mini-batch of 8 rows makes 3 micro-batches, 2 on
+def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):  # one rank; packed: learner.packing=on
+    size, *packed = micro.split(",")
+    common = ["--model", nano_dir, *SMALL, f"micro_batch_size={size}", *(["packing=on"] if packed else [])]
     one, two = tmp_path / "one", tmp_path / "two"
     assert _train(one, *common).returncode == 0
     run = _train(two, *common, *FSDP2)

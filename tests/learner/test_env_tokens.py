@@ -1,7 +1,7 @@
 """Environment tokens of a multi-turn trajectory (``Rollouts.model_mask`` 0): attended to, never in the loss.
 
 Every learner path (chunked head, shared prompts, activation checkpointing, token-budget micro-batches,
-token whitening, KL to a reference, rollout corrections, LoRA, MoE routing replay, bf16) is run on a batch
+token whitening, KL to a reference, rollout corrections, LoRA, MoE routing replay, bf16, packed micro-batches) is run on a batch
 whose responses are turn 1 (sampled), an observation (environment tokens), turn 2 (sampled):
 
 - the loss mask of every micro-batch is 0 on the observation and 1 on the sampled tokens;
@@ -40,6 +40,9 @@ PATHS = {
     "LoRA": ["lora_rank=4", "lora_dropout=0"],  # dropout would make two runs differ by themselves
     "bf16_mixed": ["precision=bf16_mixed"],
     "MoE, routing replay r2": ["routing_replay=r2", "logp_old=auto"],
+    "packed micro-batches, token budget": ["packing=on", "micro_batch_tokens=40"],
+    "packed, MoE routing replay r2": ["packing=on", "routing_replay=r2", "logp_old=auto"],
+    "packed, LoRA": ["packing=on", "lora_rank=4", "lora_dropout=0"],
     "teacher: opd advantage and reverse_kl loss": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=reverse_kl"],
     "teacher in bf16_mixed": ["teacher=nano-seed-1", "lambda_opd=1.0", "distill_loss=gjsd", "precision=bf16_mixed"],
 }
@@ -93,7 +96,7 @@ def _recording(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("path", [pytest.param(name, marks=pytest.mark.skipif(
-    name == "LoRA" and importlib.util.find_spec("peft") is None, reason="LoRA needs peft: pip install -e '.[lora]'"))
+    "LoRA" in name and importlib.util.find_spec("peft") is None, reason="LoRA needs peft: pip install -e '.[lora]'"))
     for name in PATHS])
 def test_environment_tokens_are_attended_to_and_never_carry_loss(tok, path, monkeypatch):
     overrides = PATHS[path]
