@@ -239,6 +239,7 @@ def test_the_front_page_renders_in_a_headless_browser(site, tmp_path):
 
 
 def test_the_architectures_page_lists_every_family_and_its_paths(site):
+    from grpoplus.learner.packing import PACKED_MODEL_TYPES
     from grpoplus.models.families import FAMILIES, VLLM
 
     page = html.unescape(_page(site, "reference/architectures"))
@@ -247,3 +248,4 @@ def test_the_architectures_page_lists_every_family_and_its_paths(site):
         assert cells[-1].startswith(VLLM[name]), name
         head = cells[2]  # the learner's LM head: chunked unless a scale or soft-cap follows it
         assert head.startswith("chunked") == (name not in ("granite", "granitemoehybrid", "gemma3_text", "gemma4_text"))
+        assert cells[4].startswith("packed") == (name in PACKED_MODEL_TYPES), name  # the matrix's packing verdict
