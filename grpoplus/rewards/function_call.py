@@ -6,15 +6,16 @@ The rules, in the order they are checked:
 
 1. **Count.** As many calls as expected. In order, unless the row says ``parallel`` (BFCL's parallel categories):
    then each expected call is matched with a different call, in any order. A maximum matching is searched, where
-   BFCL's greedy pass can miss one when a call fits two expected calls (the one departure here).
+   BFCL's greedy pass can miss one when a call fits two expected calls (a departure).
 2. **Name.** Exactly the expected function's.
 3. **Arguments.** Every argument the schema requires is given; no argument the schema or the expected call does not
    name (an extra argument scores 0); every expected argument is given unless ``""`` is among its acceptable values
    (an optional one the data allows to be left out, see :mod:`grpoplus.rewards.tool_schemas`).
 4. **Types.** A value has its schema type: an integer is accepted where a ``number`` (BFCL: ``float``) is expected,
    not a float where an ``integer`` is, and a boolean is never a number; a value of the type of the expected values
-   is accepted too (BFCL's "variable" case). Array items: the same rule one level down (BFCL refuses integers in an
-   array of floats; here they are accepted, as at the top level). An argument without a type (BFCL's ``any``)
+   is accepted too (BFCL's "variable" case). Array items: the same rules one level down, against each acceptable list
+   (an item of the type of that list's items is accepted; BFCL refuses integers in an array of floats, here they are
+   accepted, as at the top level). An argument without a type (BFCL's ``any``)
    takes any value.
 5. **Values.** Strings after BFCL's standardisation (spaces and ``, . / - _ * ^`` removed, lowercase, ``'`` read as
    ``"``: "New York, NY" equals "new york ny"); lists element by element in order, their strings standardised; an
@@ -71,7 +72,7 @@ def argument_mismatch(arg: str, value, acceptable: list, schema: dict) -> str | 
     if not typed(value, kind) and not (answers and type(value) is type(answers[0])):
         return f"{arg!r}: {value!r} is not of type {kind}"
     items = schema.get("items", {}).get("type") if isinstance(schema.get("items"), dict) else None
-    if isinstance(value, list) and not variable and not all(typed(v, items) for v in value):
+    if isinstance(value, list) and not variable and not _items_typed(value, items, answers):
         return f"{arg!r}: an item of {value!r} is not of type {items}"
     if variable or not isinstance(value, (str, list, dict)):
         ok = value in answers
@@ -84,6 +85,13 @@ def argument_mismatch(arg: str, value, acceptable: list, schema: dict) -> str | 
     else:
         ok = [_std(v) for v in value] in [[_std(v) for v in a] for a in answers if isinstance(a, list)]
     return None if ok else f"{arg!r}: {value!r} is not one of {answers!r}"
+
+
+def _items_typed(value: list, kind: str | None, answers: list) -> bool:
+    """Rule 4 one level down: against one of the acceptable lists, every item has the ``items`` type or the type of
+    that list's first item (BFCL's "variable" case, as at the top level)."""
+    lists = [a for a in answers if isinstance(a, list)] or [[]]
+    return any(all(typed(v, kind) or (a and type(v) is type(a[0])) for v in value) for a in lists)
 
 
 def _object_ok(value: dict, acceptable: dict) -> bool:

@@ -59,6 +59,11 @@ CASES = [
      False, 1.0, "BFCL ground truth; integer items of a float array accepted"),
     (call("area", base=1, height=2, sides=[2.5, 1]), [{"area": {"base": [1], "height": [2], "sides": [[1.0, 2.5]]}}],
      False, 0.0, "a list is compared in order"),
+    (call("area", base=1, height=2, sides=["A", "b"]), [{"area": {"base": [1], "height": [2], "sides": [["a", "b"]]}}],
+     False, 1.0, "BFCL's variable case one level down: items of the acceptable list's item type (BFCL's "
+                 "simple_python_149, parallel_multiple_94)"),
+    (call("area", base=1, height=2, sides=[True]), [{"area": {"base": [1], "height": [2], "sides": [["a"]]}}],
+     False, 0.0, "...an item of neither type is refused"),
     (call("area", base=1, height=2, meta={"tag": "Big"}), [{"area": {"base": [1], "height": [2],
                                                                    "meta": [{"tag": ["big"]}]}}],
      False, 1.0, "an object key by key, strings standardised"),
@@ -85,6 +90,17 @@ CASES = [
 @pytest.mark.parametrize("completion, expected, parallel, score, why", CASES, ids=[c[-1] for c in CASES])
 def test_the_reward_follows_bfcls_rules(completion, expected, parallel, score, why):
     assert function_call_score(completion, expected, TOOLS, parallel=parallel) == score, why
+
+
+def test_a_bfcl_argument_the_tool_does_not_take_is_dropped_when_it_may_be_left_out():
+    # BFCL's parallel_multiple_12 expects "permeability": ["", 0.1] of a tool without it: the call can only leave
+    # it out (given, it is an unexpected argument, for BFCL too); one that must be given is still refused
+    expected = [{"get_weather": {"city": ["Paris"], "permeability": ["", 0.1]}}]
+    assert read_expected(expected, read_tools(TOOLS)) == [{"name": "get_weather", "arguments": {"city": ["Paris"]}}]
+    assert function_call_score(call("get_weather", city="Paris"), expected, TOOLS) == 1.0
+    assert function_call_score(call("get_weather", city="Paris", permeability=0.1), expected, TOOLS) == 0.0
+    with pytest.raises(ValueError, match=r"passes \['permeability'\], which the tool does not take"):
+        read_expected([{"get_weather": {"city": ["Paris"], "permeability": [0.1]}}], read_tools(TOOLS))
 
 
 def test_a_call_in_a_maximum_matching_beats_bfcls_greedy_pass():

@@ -1,15 +1,19 @@
 """The function_call reward agrees with BFCL's own AST checker (bfcl-eval, its Python rules) on a table of cases
 where the reward does not knowingly depart from it (a maximum matching of parallel calls, integer items of a float
-array: see grpoplus.rewards.function_call). Skipped where bfcl-eval is not installed (it is no dependency)."""
+array: see grpoplus.rewards.function_call), and on a sample of BFCL's own data, where it departs only where those
+explain it. Skipped where bfcl-eval is not installed (it is no dependency: see benchmarks/bfcl_agreement.py)."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from grpoplus.rewards.function_call import function_call_score
 
 bfcl_checker = pytest.importorskip("bfcl_eval.eval_checker.ast_eval.ast_checker",
-                                   reason="bfcl-eval is not installed: pip install bfcl-eval")
+                                   reason="bfcl-eval is not installed (beside the venv: see benchmarks/bfcl_agreement.py)")
 
 AREA = {"name": "triangle_area", "description": "Area of a triangle", "parameters": {
     "type": "dict", "required": ["base", "height"], "properties": {
@@ -58,3 +62,42 @@ def test_the_reward_agrees_with_bfcls_checker(output, truth, category):
                          for call in output for name, args in call.items())
     ours = function_call_score(completion, truth, FUNCTIONS, parallel="parallel" in category)
     assert ours == float(bfcl["valid"]), bfcl.get("error")
+
+
+# ---- on BFCL's own data: benchmarks/bfcl_agreement.py on every 10th problem of each category, and the problems
+# where the reward was fixed (simple_python_149, parallel_multiple_94: the item rule; parallel_multiple_12: a row
+# the loader refused) or departs ----
+
+def _agreement():
+    spec = importlib.util.spec_from_file_location(
+        "bfcl_agreement", Path(__file__).resolve().parents[2] / "benchmarks" / "bfcl_agreement.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+AGREEMENT = _agreement()
+NAMED = {"simple_python_13", "simple_python_149", "parallel_178", "parallel_multiple_12", "parallel_multiple_67",
+         "parallel_multiple_94", "live_simple_116-72-0"}
+DISAGREEMENTS = {  # (problem, perturbation): the stated departure; each in both forms (Python and <tool_call>)
+    ("simple_python_13", "int_items"): AGREEMENT.INT_ITEMS,  # interval=[1, 3] for an array of floats
+    ("parallel_178", "reordered"): AGREEMENT.MAXIMUM_MATCHING,  # BFCL's greedy pass takes the wrong call first
+    ("parallel_multiple_67", "int_items"): AGREEMENT.INT_ITEMS,  # coefficients=[6, -3, 2, -1, 1]
+    ("live_simple_116-72-0", "int_items"): AGREEMENT.INT_ITEMS,  # numbers_list=[133, 34]
+}
+
+
+def _sample(category):
+    every = AGREEMENT.problems(category)
+    return every[::10] + [p for i, p in enumerate(every) if p["id"] in NAMED and i % 10]
+
+
+@pytest.mark.parametrize("category", AGREEMENT.CATEGORIES + AGREEMENT.LIVE)
+def test_the_reward_agrees_with_bfcls_checker_on_bfcls_data(category):
+    verdicts = [v for problem in _sample(category) for v in AGREEMENT.compare(problem)]
+    perturbations = {v.perturbation for v in verdicts}
+    assert {"accepted", "wrong_name", "unexpected_argument", "wrong_value", "wrong_type"} <= perturbations
+    differ = {(v.id, v.perturbation, v.form): v.departure for v in verdicts if v.bfcl != v.ours}
+    expected = {(i, p, form): why for (i, p), why in DISAGREEMENTS.items() for form in ("python", "tagged")
+                if any(v.id == i for v in verdicts)}
+    assert differ == expected, AGREEMENT.report([v for v in verdicts if v.bfcl != v.ours])
