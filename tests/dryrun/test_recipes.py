@@ -241,3 +241,10 @@ def test_a_local_world_size_left_by_a_vllm_engine_is_not_taken_for_torchrun(monk
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     needs = " | ".join(dry_run(overrides=["learner.device=cuda", "learner.data_parallel=4"]).needs)
     assert "learner.data_parallel=4 needs one device per rank" in needs, needs
+
+
+def test_packing_with_shared_prompts_is_noted_as_computing_every_prompt():
+    note = "learner.share_prompts does not apply"
+    assert any(note in n for n in dry_run(overrides=["learner.packing=auto"]).notes)
+    assert not any(note in n for n in dry_run(overrides=["learner.packing=off"]).notes)
+    assert not any(note in n for n in dry_run(overrides=["learner.packing=on", "learner.share_prompts=false"]).notes)
