@@ -245,6 +245,16 @@ def _reward_names(specs: list) -> list[str]:
             if isinstance(s, dict) or (isinstance(s, str) and s.strip())]
 
 
+@rule("rollout_compile")
+def _rollout_compile(cfg: Config) -> None:
+    """rollout.compile compiles the hf engine's decode step; another engine runs its own (vLLM compiles its model
+    itself)."""
+    r = cfg.rollout
+    if r.compile and r.engine != "hf":
+        raise ValueError(f"rollout.compile=true compiles the hf engine's decode step, and rollout.engine={r.engine} "
+                         "decodes with its own: set rollout.compile=false, or rollout.engine=hf")
+
+
 @rule("groups")
 def _groups(cfg: Config) -> None:
     """A mini-batch holds whole groups, GFPO keeps fewer than a group, and a group-relative estimator has groups of

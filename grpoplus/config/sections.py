@@ -142,6 +142,13 @@ class RolloutConfig:
     engine_timeout_s: float = 600.0
     """Longest an engine may take to start, or to answer one generate call, before the run stops with
     an error naming what timed out."""
+    compile: bool = False
+    """hf engine: torch.compile one decode step, at fixed shapes per batch (ended rows are computed and ignored instead
+    of dropped; inductor on a CPU, CUDA graphs on a GPU, the latter untested). The same rollouts as eager decoding to
+    float32 rounding; a model it cannot compile (attention other than sdpa, sliding-window or recurrent layers)
+    decodes eagerly, said in one line when the engine starts; a compile failure mid-run goes on eagerly. Off by
+    default: the first rollout pays the compile (about a minute for SmolLM2 on 2 CPU cores) and the step it gives
+    was no faster there (docs/results/smollm2-speed.md)."""
     engine_kwargs: dict = field(default_factory=dict)
     """Engine-specific settings passed through as they are (vLLM: gpu_memory_utilization,
     kv_cache_memory_bytes, dtype, sleep_between_steps, ...)."""

@@ -113,6 +113,7 @@ class EnginePlan:
     kwargs: tuple[tuple[str, object], ...]
     precision: str
     seed: int
+    compile: bool = False  # hf engine: one compiled decode step (rollout.compile)
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def learner_role(cfg: Config) -> LearnerRolePlan:
 def engine_plan(cfg: Config) -> EnginePlan:
     r = cfg.rollout
     return EnginePlan(r.engine, r.quantization, r.max_num_seqs, r.engine_timeout_s, tuple(dict(r.engine_kwargs).items()),
-                      cfg.learner.precision, cfg.run.seed)
+                      cfg.learner.precision, cfg.run.seed, r.compile)
 
 
 def rollout_role(cfg: Config) -> RolloutRolePlan:

@@ -42,6 +42,8 @@ class EngineOptions:
     dtype: torch.dtype = torch.float32
     """What the engine computes in: float32, or bfloat16 (``learner.precision=bf16_mixed``; the hf engine decodes
     under autocast on bf16 weights, vLLM loads the weights in bf16)."""
+    compile: bool = False
+    """hf engine: decode with one compiled step at fixed shapes per batch (grpoplus.rollout.compiled_step)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 

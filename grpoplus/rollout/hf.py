@@ -9,6 +9,7 @@ from (``logp_roll``).
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -23,7 +24,8 @@ from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_mode
 from grpoplus.models.qlora import is_4bit
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
-from grpoplus.rollout.decode_ops import decode_attention, expand_to_rows, packed_linears, select_rows
+from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, static_refusal
+from grpoplus.rollout.decode_ops import PreallocatedLayer, decode_attention, expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 from grpoplus.sync import WeightSource, module_of
@@ -48,7 +50,7 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torc
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor,
            params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None,
-           pack_weights: bool = True, dtype: torch.dtype = torch.float32
+           pack_weights: bool = True, dtype: torch.dtype = torch.float32, step: CompiledStep | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
 
@@ -59,7 +61,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     reordered linear weights: a copy of every fp32 weight for the rollout's duration, ~3x faster decode GEMMs
     and ~2x faster prefill GEMMs on an AVX2 CPU). Rows
     that have ended are dropped from the batch once they make up a quarter of it, so later
-    steps mostly compute live rows.
+    steps mostly compute live rows. With ``step`` (``rollout.compile``) every decode step is that compiled
+    step at the batch's fixed shapes (:mod:`grpoplus.rollout.compiled_step`: ended rows are computed and ignored).
 
     Args:
         input_ids, attention_mask: [b, P] left-padded distinct prompts.
@@ -72,25 +75,46 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         ``T <= params.max_new_tokens`` (the loop stops once every row has ended).
     """
     rows = int(repeats.sum())
-    packed = packed_linears(model, rows, dtype) if pack_weights else nullcontext()
+    packed = packed_linears(model, rows, dtype, opaque=step is not None) if pack_weights else nullcontext()
     with decode_attention(model), packed, autocast_to(dtype, input_ids.device):
-        state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens)
-        return sample_loop(model, state, params, stop_ids, pad_id, generator)
+        state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens, step)
+        return sample_loop(state, params, stop_ids, pad_id, generator)
+
+
+class EagerRows:
+    """The batch being decoded eagerly: m live slots, compacted as rows end (see :func:`decode`)."""
+
+    def __init__(self, model, cache: Cache, masks: torch.Tensor, next_pos: torch.Tensor, length: int):
+        self.model, self.cache = model, cache  # cache: the m slots, room for `capacity` positions
+        self.masks = masks  # [n, capacity] attention mask; slot i uses row i, columns up to the current length
+        self.next_pos = next_pos  # [m, 1] position id of the next token
+        self.length = length  # positions filled so far (prompt columns + sampled tokens)
+
+    def forward(self, tok: torch.Tensor) -> torch.Tensor:
+        """[m] tokens of the slots -> [m, V] next-token logits."""
+        self.length += 1
+        logits = self.model(input_ids=tok[:, None], attention_mask=self.masks[: len(tok), : self.length],
+                            position_ids=self.next_pos, **cache_kwargs(self.model, self.cache), use_cache=True)
+        self.next_pos = self.next_pos + 1
+        return logits.logits[:, -1]
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Keep the slots ``keep`` ([k] long, in order), compacting the cache and masks in place."""
+        select_rows(self.cache, keep)
+        self.masks[: len(keep)] = self.masks[keep]
+        self.next_pos = self.next_pos[keep]
 
 
 @dataclass
 class DecodeState:
     """The batch being decoded: m live slots of the n output rows."""
 
-    cache: Cache  # KV cache of the m slots, room for `capacity` positions
+    batch: EagerRows | StaticRows  # the slots' cache, masks and positions, and their forward
     logits: torch.Tensor  # [m, V] next-token logits
-    masks: torch.Tensor  # [n, capacity] attention mask; slot i uses row i, columns up to the current length
-    next_pos: torch.Tensor  # [m, 1] position id of the next token
     rows: torch.Tensor  # [m] output row of each slot
-    length: int  # positions filled so far (prompt columns + sampled tokens)
 
 
-def prefill(model, input_ids, attention_mask, repeats, capacity: int) -> DecodeState:
+def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: CompiledStep | None = None) -> DecodeState:
     """Forward the b distinct prompts once and copy their cache and logits to the n = repeats.sum() rows."""
     # Position of every real token counted from the row's first real token (left padding).
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
@@ -100,11 +124,14 @@ def prefill(model, input_ids, attention_mask, repeats, capacity: int) -> DecodeS
     expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
     masks = attention_mask.new_ones(len(expand), capacity)  # sampled columns are attended to
     masks[:, : input_ids.shape[1]] = attention_mask[expand]
-    return DecodeState(expand_to_rows(cache, expand, capacity), logits[expand], masks, position_ids[expand, -1:] + 1,
-                       torch.arange(len(expand), device=input_ids.device), input_ids.shape[1])
+    cache, next_pos, length = expand_to_rows(cache, expand, capacity), position_ids[expand, -1:] + 1, input_ids.shape[1]
+    static = step is not None and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
+    batch = StaticRows(model, cache.layers, masks, next_pos, length, step) if static else \
+        EagerRows(model, cache, masks, next_pos, length)
+    return DecodeState(batch, logits[expand], torch.arange(len(expand), device=input_ids.device))
 
 
-def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id: int, generator):
+def sample_loop(s: DecodeState, params: SamplingParams, stop_ids, pad_id: int, generator):
     """Sample up to ``params.max_new_tokens`` tokens per row from the prefilled state (see :func:`decode`)."""
     n = len(s.rows)
     running = torch.ones(n, dtype=torch.bool, device=s.rows.device)  # [m] slot still generating
@@ -124,14 +151,24 @@ def sample_loop(model, s: DecodeState, params: SamplingParams, stop_ids, pad_id:
             break
         if 4 * stopped >= len(s.rows):  # drop ended slots once they are a quarter of the batch (amortised copy)
             keep = running.nonzero().squeeze(1)
-            select_rows(s.cache, keep)
-            s.masks[: len(keep)] = s.masks[keep]
-            s.rows, running, tok, s.next_pos = (x[keep] for x in (s.rows, running, tok, s.next_pos))
-        s.length += 1
-        s.logits = model(input_ids=tok[:, None], attention_mask=s.masks[: len(s.rows), : s.length],
-                         position_ids=s.next_pos, **cache_kwargs(model, s.cache), use_cache=True).logits[:, -1]  # [m, V]
-        s.next_pos = s.next_pos + 1
+            s.batch.keep(keep)
+            s.rows, running, tok = s.rows[keep], running[keep], tok[keep]
+        s.logits = s.batch.forward(tok)  # [m, V]
     return torch.stack(tokens, 1), torch.stack(masks, 1).float(), torch.stack(logps, 1), finished
+
+
+def compiled_step(model: torch.nn.Module, compile: bool) -> CompiledStep | None:
+    """``rollout.compile``'s decode step for ``model`` (CUDA graphs on a GPU, inductor elsewhere), or None: not asked
+    for, or a model it cannot compile (said in one line; the engine then decodes eagerly)."""
+    if not compile:
+        return None
+    refusal = static_refusal(model)
+    if refusal is not None:
+        print(f"grpoplus: rollout.compile: the decode step of this model is not compiled ({refusal}); decoding "
+              "eagerly", file=sys.stderr)
+        return None
+    cuda = next(model.parameters()).device.type == "cuda"
+    return CompiledStep("reduce-overhead" if cuda else None)
 
 
 def hf_engine_kwargs(extra: dict) -> bool:
@@ -187,6 +224,7 @@ class HFEngine:
         self.version = 0
         self.record_routing = options.record_routing
         self.pack_weights = hf_engine_kwargs(options.extra)
+        self.step = compiled_step(model, options.compile)
         self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
         self.base = model  # takes weights that come from outside this process's modules
         self.model = self._sampler(model)
@@ -229,7 +267,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights, self.dtype)
+            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights, self.dtype,
+                            self.step)
                      for chunk in row_chunks(ids, mask, params.n, self.max_batch_size)]
         finally:
             self.model.train(was_training)

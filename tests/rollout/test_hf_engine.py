@@ -165,7 +165,7 @@ def test_packed_weights_unless_told_not_to_and_the_same_rollouts(model, tok, pro
     favour_eos(model, 3.0)
     packs, prefilled_packed = [], []
     real, real_prefill = hf.packed_linears, hf.prefill
-    monkeypatch.setattr(hf, "packed_linears", lambda m, rows, dtype: packs.append(rows) or real(m, rows, dtype))
+    monkeypatch.setattr(hf, "packed_linears", lambda m, rows, dtype, **kw: packs.append(rows) or real(m, rows, dtype, **kw))
     monkeypatch.setattr(hf, "prefill", lambda m, *a: prefilled_packed.append("forward" in vars(m.lm_head))
                         or real_prefill(m, *a))
     params = SamplingParams(n=3, greedy=True, max_new_tokens=8)

@@ -1,0 +1,90 @@
+"""rollout.compile: the hf engine's decode step at fixed shapes, compiled, gives the eager engine's rollouts."""
+
+import pytest
+import torch
+
+from grpoplus.config import build_config
+from grpoplus.models.tiny import tiny_model
+from grpoplus.rollout import EngineOptions, HFEngine, SamplingParams
+from grpoplus.rollout.compiled_step import forward_step
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_same_rollouts(a, b):
+    # Same seed, same tokens; log-probs to float32 rounding (the static step computes ended rows too, and attends
+    # over the whole capacity under a mask, so its sums may round differently).
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask) and torch.equal(a.finished, b.finished)
+    torch.testing.assert_close(a.logp_roll, b.logp_roll, atol=1e-5, rtol=0)
+
+
+def uncompiled(engine: HFEngine) -> HFEngine:
+    """The engine's static-shape step run as it is (the decode state of rollout.compile without the compiler)."""
+    engine.step.fn = forward_step
+    return engine
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_static_step_gives_the_eager_rollouts(model, tok, prompts, favour_eos, pack):
+    # Rows end at different steps (favour_eos), so the eager loop compacts its batch while the static one keeps
+    # every row: the sampled slots, their random numbers and their log-probs must still match.
+    favour_eos(model, 2.5)
+    params = SamplingParams(n=4, max_new_tokens=14)
+    eager = HFEngine(model, tok, EngineOptions(extra={"pack_weights": pack})).generate(prompts, params,
+                                                                                      generator=seeded(3))
+    assert 0 < eager.finished.sum() < len(eager.finished)
+    static = uncompiled(HFEngine(model, tok, EngineOptions(compile=True, extra={"pack_weights": pack})))
+    assert_same_rollouts(static.generate(prompts, params, generator=seeded(3)), eager)
+
+
+def test_compiled_step_gives_the_eager_rollouts_and_is_reused(model, tok, prompts, favour_eos):
+    favour_eos(model, 2.5)
+    params = SamplingParams(n=4, max_new_tokens=10)
+    eager = HFEngine(model, tok)
+    compiled = HFEngine(model, tok, EngineOptions(compile=True))
+    for seed in (4, 5):  # a second rollout runs the same compiled step (new cache, new packed weights)
+        assert_same_rollouts(compiled.generate(prompts, params, generator=seeded(seed)),
+                             eager.generate(prompts, params, generator=seeded(seed)))
+    assert not compiled.step.failed
+
+
+def test_a_failing_compiled_step_goes_on_eagerly_in_one_line(model, tok, prompts, capsys):
+    def broken(*args):
+        raise RuntimeError("inductor could not lower the step\nmore detail")
+
+    params = SamplingParams(n=2, max_new_tokens=6)
+    engine = HFEngine(model, tok, EngineOptions(compile=True))
+    engine.step.fn = broken
+    got = engine.generate(prompts, params, generator=seeded(6))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["grpoplus: rollout.compile: the compiled decode step failed (RuntimeError: inductor could not "
+                   "lower the step); decoding eagerly from here"]
+    assert engine.step.failed
+    assert_same_rollouts(got, HFEngine(model, tok).generate(prompts, params, generator=seeded(6)))
+
+
+def test_a_model_it_cannot_compile_decodes_eagerly_said_in_one_line(tok, capsys):
+    model = tiny_model(tok, size="nano", seed=0)
+    model.set_attn_implementation("eager")
+    engine = HFEngine(model, tok, EngineOptions(compile=True))
+    assert engine.step is None
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "grpoplus: rollout.compile: the decode step of this model is not compiled (its attention implementation is "
+        "'eager', not sdpa); decoding eagerly"]
+
+
+def test_compile_on_another_engine_is_refused_before_the_run():
+    with pytest.raises(ValueError, match=r"^rollout.compile=true compiles the hf engine's decode step, and "
+                                         r"rollout.engine=vllm decodes with its own"):
+        build_config("grpo", overrides=["rollout.engine=vllm", "rollout.compile=true"])
+
+
+def test_the_plan_carries_compile_to_the_engine():
+    from grpoplus.plan.run import engine_plan
+
+    assert engine_plan(build_config("grpo", overrides=["rollout.compile=true"])).compile is True
+    assert engine_plan(build_config("grpo")).compile is False
+
