@@ -24,7 +24,7 @@ TINY_UNTRAINED = "tiny-untrained"
 """The built-in tiny Llama as initialised, before any warm start (what ``grpoplus sft`` warm-starts itself)."""
 
 TINY_TEACHER = "tiny-teacher"
-"""The built-in teacher: a larger tiny Llama (~1.9M parameters) warm-started three times longer on worked answers
+"""The built-in teacher: a larger tiny Llama (~1.8M parameters) warm-started three times longer on worked answers
 only (grpoplus.warmstart.teacher_recipe), on the run's task; one model whatever the run's seed. Stronger than the
 default policy on the same character tokenizer: what on-policy and off-policy distillation into it need."""
 
