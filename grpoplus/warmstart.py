@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from grpoplus.envs.render import observation_ids
-from grpoplus.models.load import TINY_MOE, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
+from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.qlora import FourBit
 from grpoplus.models.tiny import tiny_model
@@ -50,6 +50,13 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = 3e-3
 DEFAULT_DIRECT_FRAC = 0.5
 """Share of SFT targets that state the answer directly (``#10``) instead of working it out."""
+
+def teacher_recipe(task: str) -> dict:
+    """The built-in teacher's warm start (``tiny-teacher``) on ``task``: the medium Llama, three times the default
+    policy's steps, every target worked out. Seed 0 whatever the run's seed: a teacher is one given model (it
+    answers or scores training prompts only, so it never shows a student a held-out problem's answer)."""
+    steps = getattr(TASKS.get(task), "sft_steps", DEFAULT_STEPS)
+    return dict(size="medium", steps=3 * steps, direct_frac=0.0, seed=0)
 
 
 def cache_root() -> Path:
@@ -292,6 +299,9 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
             return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device, quantize)
     if task is None:
         raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
+    if model == TINY_TEACHER:
+        path = build_warmstart(task, difficulty, **teacher_recipe(task))
+        return prepared(*load_hf_dir(path, dtype), device, quantize)
     size = "moe" if model == TINY_MOE else builtin_family(model) or "small"
     path = build_warmstart(task, difficulty, size=size, seed=seed, eval_seed=eval_seed)
     return prepared(*load_hf_dir(path, dtype), device, quantize)

@@ -50,7 +50,8 @@ def _parts(role: LearnerRolePlan, model: torch.nn.Module, ref_model: torch.nn.Mo
            mirror: torch.nn.Module | None = None) -> LearnerParts:
     freeze(model, role.freeze)  # before the optimizer: frozen parameters get no state
     optimizer, scheduler = build_optimizer(role.optimizer, model)
-    teacher = None if role.teacher is None else load_teacher(role.teacher, compute_device(model), role.update.precision)
+    teacher = None if role.teacher is None else load_teacher(role.teacher, compute_device(model), role.update.precision,
+                                                             role.policy.task, role.policy.difficulty)
     return LearnerParts(model, ref_model, optimizer, scheduler, EntropyControl.from_config(role.algo), mirror,
                         teacher=teacher)
 

@@ -20,18 +20,21 @@ from grpoplus.sft.source import DemoSet, cut_count, file_demos, rows_demos, spli
 
 TEACHER_DEMOS = "teacher_demos.jsonl"
 """In the run directory: sft.demo_model's demonstrations as ids (written once; a resumed stage reads them back)."""
+TEACHER_STATS = "teacher_demos.json"
+"""Beside them: how many responses sft.demo_model wrote and how many were correct."""
 
 
 def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
     """The stage's demonstrations, split into training and held-out ones (``sft.eval_demos``)."""
     cfg, s = plan.config, plan.config.sft
     skipped: list[tuple[int, str]] = []
+    source_correct = None
     if s.demos in BUILTIN_DEMOS:
         demos = rows_demos(builtin_rows(s.demos, cfg.data.task, train), tokenizer, s.max_length)
     elif s.demos is not None:
         demos, skipped = file_demos(s.demos, tokenizer, s.messages_field, s.max_length, cfg.data.on_bad_row)
     elif s.demo_model is not None:
-        demos = teacher_demos(plan, task, train, tokenizer)
+        demos, source_correct = teacher_demos(plan, task, train, tokenizer)
     else:
         demos = task_demos(task, train, tokenizer, s.direct_frac, cfg.run.seed, s.max_length)
     for _, reason in skipped[:3]:
@@ -39,22 +42,25 @@ def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
     if len(skipped) > 3:
         print(f"grpoplus sft: skipped {len(skipped)} demonstrations in all", file=sys.stderr)
     kept, held_out = split_held_out(demos, s.eval_demos, cfg.run.seed)
-    return DemoSet(kept, held_out, skipped, cut_count(demos, s.max_length))
+    return DemoSet(kept, held_out, skipped, cut_count(demos, s.max_length), source_correct)
 
 
 def demo_collector(cfg: Config, demos: DemoSet, tokenizer) -> DemoCollector:
-    return DemoCollector(demos.train, cfg.sft.demos_per_step, tokenizer.pad_token_id, cfg.run.seed)
+    constants = {} if demos.source_correct is None else {"sft/demo_model_correct_frac": demos.source_correct}
+    return DemoCollector(demos.train, cfg.sft.demos_per_step, tokenizer.pad_token_id, cfg.run.seed, constants)
 
 
-def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> list[Demo]:
+def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Demo], float]:
     """``sft.demo_model``'s responses to the training prompts (``sft.demo_samples`` each, sampled as the rollouts
     are: rollout.temperature, top_p, max_new_tokens), those the task's verifier accepts (``sft.demo_filter=correct``)
-    or all; read back from the run directory when an earlier call of this stage wrote them."""
+    or all, with the share that was correct; read back from the run directory when an earlier call of this stage
+    wrote them."""
     cfg = plan.config
-    saved = Path(cfg.run.out) / TEACHER_DEMOS
-    if saved.is_file():
-        return [Demo(tuple(r["prompt"]), tuple(r["response"]), tuple(r["trained"]))
-                for r in map(json.loads, saved.read_text().splitlines())]
+    saved, stats = Path(cfg.run.out) / TEACHER_DEMOS, Path(cfg.run.out) / TEACHER_STATS
+    if saved.is_file() and stats.is_file():
+        return ([Demo(tuple(r["prompt"]), tuple(r["response"]), tuple(r["trained"]))
+                 for r in map(json.loads, saved.read_text().splitlines())],
+                json.loads(stats.read_text())["correct_frac"])
     rollouts = sample_teacher(plan, train, tokenizer)
     correct = verdicts(task, train, rollouts, cfg.sft.demo_samples)
     keep = [i for i in range(len(correct)) if correct[i] or cfg.sft.demo_filter == "all"]
@@ -63,22 +69,25 @@ def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> list[Demo]:
                          "correctly: keep its answers anyway with sft.demo_filter=all, or use a stronger model")
     demos = [teacher_demo(rollouts, i) for i in keep]
     saved.parent.mkdir(parents=True, exist_ok=True)
+    stats.write_text(json.dumps({"responses": len(correct), "correct": sum(correct),
+                                 "correct_frac": sum(correct) / len(correct)}) + "\n")
     saved.write_text("".join(json.dumps({"prompt": list(d.prompt), "response": list(d.response),
-                                         "trained": list(d.trained)}) + "\n" for d in demos))
+                                         "trained": list(d.trained)}) + "\n" for d in demos))  # last: marks them whole
     print(f"grpoplus sft: {cfg.sft.demo_model} wrote {len(correct)} responses, {sum(correct)} correct; training on "
           f"{len(demos)} ({saved})", file=sys.stderr)
-    return demos
+    return demos, sum(correct) / len(correct)
 
 
 def sample_teacher(plan: RunPlan, train: list, tokenizer):
     """The demonstration model's rollouts of every training prompt, in batches, with the run's seed."""
     from grpoplus.assemble.factories import build_engine
-    from grpoplus.models.load import load_policy
     from grpoplus.teacher import check_vocabulary
+    from grpoplus.teacher.load import load_model
 
     cfg = plan.config
     check_vocabulary(cfg.sft.demo_model, tokenizer)
-    model, _ = load_policy(cfg.sft.demo_model, device=plan.placement.device, trains=False)
+    model, _ = load_model(cfg.sft.demo_model, plan.placement.device, cfg.data.task if cfg.data.data is None else None,
+                          cfg.data.difficulty)
     engine = build_engine(plan.rollout.engine, model, tokenizer)
     r = cfg.rollout
     params = SamplingParams(n=cfg.sft.demo_samples, temperature=r.temperature, top_p=r.top_p,

@@ -376,6 +376,7 @@ def _check_teacher(cfg: Config) -> None:
     if teacher is not None and not algo.uses_teacher:
         raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
                          "token advantage) or algo.distill_loss=reverse_kl|gjsd")
+    _builtin_second_model(cfg, "learner.teacher", teacher)
     if algo.distill_loss != "off" and is_endpoint(teacher):
         raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
                          f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
@@ -383,6 +384,20 @@ def _check_teacher(cfg: Config) -> None:
                                        or algo.routing_replay != "off"):
         raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
                          "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
+
+
+def _builtin_second_model(cfg: Config, key: str, name: str | None) -> None:
+    """A built-in tiny model as teacher or demonstration writer is warm-started on the run's built-in task."""
+    from grpoplus.models.load import TINY_UNTRAINED, is_builtin
+
+    if name is None or not is_builtin(name):
+        return
+    if cfg.data.data is not None:
+        raise ValueError(f"{key}={name} is a built-in tiny model, warm-started on a built-in task, but this run trains "
+                         f"on data.data={cfg.data.data}: name a model directory (or --model-like name) instead")
+    if name == TINY_UNTRAINED:
+        raise ValueError(f"{key}={name} is the tiny model before any training: it knows nothing to teach; name a "
+                         "trained model (the built-in tiny-teacher, a model directory)")
 
 
 def _check_prm(cfg: Config) -> None:
@@ -445,6 +460,7 @@ def _supervised_stage(cfg: Config) -> None:
         raise ValueError(f"config key sft.direct_frac must be in [0, 1], got {s.direct_frac}")
     if cfg.run.stage != "sft":
         return
+    _builtin_second_model(cfg, "sft.demo_model", s.demo_model)
     if s.demos is not None and s.demo_model is not None:
         raise ValueError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
                          "demonstrations: give one")

@@ -179,7 +179,8 @@ class LearnerConfig:
     architecture's (tiny-qwen3_5_text, ...: reference/architectures.md); a local HF dir, a .gguf file, or `smollm2`."""
     teacher: str | None = None
     """On-policy distillation's teacher (algo.lambda_opd, algo.distill_loss): named as `model` names the policy (a
-    local HF dir, a .gguf file, `smollm2`), loaded once where the learner runs, like the reference; or the base URL
+    local HF dir, a .gguf file, `smollm2`, a built-in tiny model: `tiny-teacher` is a larger one warm-started longer
+    on the run's task), loaded once where the learner runs, like the reference; or the base URL
     of an OpenAI-compatible server that returns prompt log-probs (vLLM's: `http://host:8000/v1`, lambda_opd only).
     Its tokenizer must be the policy's."""
     lr: float | None = None
@@ -293,7 +294,8 @@ class SftConfig:
     """A built-in task's demonstrations: the share that gives the final answer alone instead of the worked answer
     (the built-in warm start's mixture: a partly trained policy that RL then improves)."""
     demo_model: str | None = None
-    """Off-policy distillation: a model (an HF directory, a .gguf file, smollm2) that writes the demonstrations: it
+    """Off-policy distillation: a model (an HF directory, a .gguf file, smollm2, the built-in tiny-teacher) that
+    writes the demonstrations: it
     samples sft.demo_samples responses to each training prompt of the task, and the policy learns to write them.
     It must share the policy's tokenizer."""
     demo_samples: int = 1

@@ -173,7 +173,7 @@ def builtin_size(name: str | None) -> ModelSize:
     from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM
 
     from grpoplus.models.families import family_config
-    from grpoplus.models.load import builtin_family
+    from grpoplus.models.load import TINY_MOE, TINY_TEACHER, builtin_family
     from grpoplus.models.moe import tiny_moe_config
     from grpoplus.models.tiny import tiny_config
     from grpoplus.models.tokenizer import char_tokenizer
@@ -185,11 +185,12 @@ def builtin_size(name: str | None) -> ModelSize:
             model = AutoModelForCausalLM.from_config(config)
         return ModelSize(name, sum(p.numel() for p in model.parameters()), f"the built-in tiny {family} model's config",
                          None, on_disk=True)
-    moe = name is not None
-    config = tiny_moe_config(vocab, size="moe") if moe else tiny_config(vocab, size="small")
+    moe = name == TINY_MOE
+    size = "medium" if name == TINY_TEACHER else "small"
+    config = tiny_moe_config(vocab, size="moe") if moe else tiny_config(vocab, size=size)
     with torch.device("meta"):
         model = (Qwen3MoeForCausalLM if moe else LlamaForCausalLM)(config)
-    label = "built-in tiny MoE model" if moe else "built-in tiny model"
+    label = "built-in tiny MoE model" if moe else "built-in teacher" if name == TINY_TEACHER else "built-in tiny model"
     return ModelSize(name or "built-in tiny model", sum(p.numel() for p in model.parameters()),
                      f"the {label}'s config", None if moe else arch_from_config(config.to_dict()), on_disk=True)
 

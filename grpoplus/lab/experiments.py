@@ -216,3 +216,44 @@ register(Experiment(
     report=(ACCURACY, tail("loss/ratio_mean"), tail("loss/clip_frac_low"), tail("loss/clip_frac_high"),
             tail("loss/approx_kl"), _FLIPS, tail("moe/routing_mismatch_first"), tail("moe/load_max_frac")),
 ))
+
+# -- (g) distillation vs RL on a small student (DeepSeek-R1 sec. 4; on-policy distillation) ----------
+_TEACHER_MARGIN = Measure("tail_minus_initial", "teacher's correct share minus the student's held-out accuracy at "
+                          "step 0", {"key": "sft/demo_model_correct_frac", "base": "eval/accuracy"})
+_ALL_WRONG = Measure("tail_mean", "mean groups/all_wrong_frac over the run", {"key": "groups/all_wrong_frac", "frac": 1.0})
+_SEQUENCES = 32 * 8  # the default rollout batch: prompts_per_step x group_size
+
+
+def _beats_rl(arm: str, what: str) -> Comparison:
+    return Comparison(
+        claim=f"{what} reaches higher held-out accuracy than RL on the student at the same number of updates",
+        control="rl", treatment=arm, effect=ACCURACY, rule=Rule(direction=+1, min_effect=0.03),
+        checks=(Check("regime", _TEACHER_MARGIN, arm="teacher_samples", at_least=0.1),
+                Check("failure", _ALL_WRONG, arm="rl", at_least=0.05)))
+
+
+register(Experiment(
+    name="distillation",
+    title="A small model learns more from a stronger teacher than from RL on its own samples",
+    source="DeepSeek-R1 (arXiv:2501.12948) sec. 4.1: distilling a stronger model into a small one beats RL on the "
+           "small one (it cannot explore enough alone); on-policy distillation (GKD, arXiv:2306.13649)",
+    preset="grpo",
+    base=("num_minibatches=1", "beta=0", "max_steps=60", "eval_every=10"),
+    arms=(Arm("rl"),
+          Arm("on_policy", ("teacher=tiny-teacher", "lambda_opd=1", "opd_outcome=false")),
+          Arm("on_policy_full", ("teacher=tiny-teacher", "distill_loss=reverse_kl")),
+          Arm("teacher_samples", ("run.stage=sft", "sft.demo_model=tiny-teacher", f"sft.demos_per_step={_SEQUENCES}"))),
+    comparisons=(_beats_rl("on_policy", "on-policy distillation (the teacher's per-token reverse KL as advantage)"),
+                 _beats_rl("on_policy_full", "RL with the full-vocabulary reverse KL to the teacher added (GKD)"),
+                 _beats_rl("teacher_samples", "SFT on the teacher's verified samples (off-policy distillation)")),
+    regime="the default student (the warm-started 0.34M Llama) and the built-in teacher (tiny-teacher: a 1.8M Llama "
+           "warm-started 3x longer on worked answers only); every arm makes one optimizer step per step on "
+           f"{_SEQUENCES} sequences (RL and on-policy: the student's samples of 32 prompts x 8; off-policy: {_SEQUENCES} "
+           "of the teacher's correct samples, drawn once from every training prompt before step 1), each at its "
+           "stage's default learning rate; the teacher must be stronger than the student (its correct share at "
+           "least 0.1 above the student's held-out accuracy at step 0), and RL must meet problems it cannot solve "
+           "(groups all wrong in at least 5% of its groups) for exploration to be what a teacher adds",
+    plots=("eval/accuracy", "groups/all_wrong_frac", "opd/reverse_kl", "loss/nll", "time/elapsed_s"),
+    report=(ACCURACY, tail("time/step_s"), Measure("gain_per_time", "held-out accuracy gained per 1000 s"),
+            tail("opd/reverse_kl"), _TEACHER_MARGIN),
+))

@@ -102,6 +102,13 @@ def initial(run: LabRun, key: str) -> float:
     return float(s.values[0]) if len(s) else math.nan
 
 
+@MEASURES.register("tail_minus_initial")
+def tail_minus_initial(run: LabRun, key: str, base: str = "eval/accuracy", frac: float = 1 / 3) -> float:
+    """Tail mean of ``key`` minus the first value of ``base`` in the same run (e.g. a teacher's share of correct
+    samples minus the student's held-out accuracy at step 0: how much stronger the teacher is)."""
+    return tail_mean(run, key, frac) - initial(run, base)
+
+
 @MEASURES.register("gain_per_time")
 def gain_per_time(run: LabRun, key: str = "eval/accuracy", per_s: float = 1000.0) -> float:
     """Rise of ``key`` from its first to its last value per ``per_s`` seconds of training

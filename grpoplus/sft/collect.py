@@ -47,9 +47,10 @@ class DemoCollector:
     """Each step's ``per_step`` demonstrations, in an epoch-wise shuffled order (its position is checkpointed, so a
     resumed stage draws what the uninterrupted one would have)."""
 
-    def __init__(self, demos: list[Demo], per_step: int, pad_id: int, seed: int):
+    def __init__(self, demos: list[Demo], per_step: int, pad_id: int, seed: int, constants: dict | None = None):
         self.demos, self.per_step, self.pad_id = demos, per_step, pad_id
         self.sampler = PromptSampler(len(demos), seed)
+        self.constants = dict(constants or {})  # facts of the demonstrations logged at every step
 
     def next(self, step: int) -> Collected:
         started = time.perf_counter()
@@ -60,7 +61,8 @@ class DemoCollector:
         metrics = {"sft/demos": float(len(picked)), "sft/trained_tokens": float(trained.sum()),
                    "sft/tokens": float(r.prompt_mask.sum() + r.response_mask.sum()),
                    "sft/epoch": self.sampler.epoch + self.sampler.pos / len(self.demos),
-                   "length/mean": float(trained.mean()), "time/rollout_s": time.perf_counter() - started}
+                   "length/mean": float(trained.mean()), "time/rollout_s": time.perf_counter() - started,
+                   **self.constants}
         return Collected(batch, [batch], metrics, sampled=False)
 
     def position(self) -> dict:

@@ -22,6 +22,7 @@ class DemoSet:
     held_out: list[Demo]
     skipped: list[tuple[int, str]] = field(default_factory=list)
     cut: int = 0
+    source_correct: float | None = None  # sft.demo_model: the share of its samples the task's verifier accepted
 
 
 def file_demos(path: str | Path, tokenizer, messages_field: str, max_length: int, on_bad_row: str

@@ -12,11 +12,13 @@ def is_endpoint(spec: str | None) -> bool:
     return isinstance(spec, str) and spec.startswith(ENDPOINT_SCHEMES)
 
 
-def load_teacher(spec: str, device: str | torch.device, precision: str = "fp32"):
+def load_teacher(spec: str, device: str | torch.device, precision: str = "fp32", task: str | None = None,
+                 difficulty: int | None = None):
     """The teacher ``spec`` names: an :class:`~grpoplus.teacher.endpoint.EndpointTeacher` for a URL, else a
     :class:`~grpoplus.teacher.local.LocalTeacher` loaded as ``--model`` loads the policy (a local HF dir, a .gguf
-    file, ``smollm2``) on ``device``, its linear weights stored in the compute dtype of ``precision`` as the
-    reference's are (it scores under the learner's autocast: the same numbers, half the memory). Its output layer
+    file, ``smollm2``, a built-in tiny model warm-started on ``task``: :func:`load_model`) on ``device``, its linear
+    weights stored in the compute dtype of ``precision`` as the reference's are (it scores under the learner's
+    autocast: the same numbers, half the memory). Its output layer
     may have more rows than the policy's (padding rows: Qwen2.5-7B has 152064, Qwen2.5-0.5B 151936, one
     tokenizer): :func:`check_vocabulary` compares the tokens themselves, and a full-vocabulary loss compares the
     rows both have."""
@@ -25,11 +27,22 @@ def load_teacher(spec: str, device: str | torch.device, precision: str = "fp32")
 
         return ServedTeacher(EndpointTeacher(spec))
     from grpoplus.learner.precision import lower_frozen_linears
-    from grpoplus.models.load import load_policy
     from grpoplus.teacher.local import LocalTeacher
 
-    model, _ = load_policy(spec, device=device, trains=False)
+    model, _ = load_model(spec, device, task, difficulty)
     return LocalTeacher(lower_frozen_linears(model, precision))
+
+
+def load_model(spec: str, device: str | torch.device, task: str | None, difficulty: int | None):
+    """``(model, tokenizer)`` of a second model that is not trained (a teacher, a demonstration writer): a built-in
+    tiny model (``tiny-teacher``, ...) warm-started on the run's ``task``, else as ``--model`` loads one."""
+    from grpoplus.models.load import is_builtin, load_policy
+
+    if is_builtin(spec):
+        from grpoplus.warmstart import load_builtin
+
+        return load_builtin(spec, task, difficulty, device=device)
+    return load_policy(spec, device=device, trains=False)
 
 
 def check_vocabulary(spec: str | None, tokenizer) -> None:
@@ -38,9 +51,10 @@ def check_vocabulary(spec: str | None, tokenizer) -> None:
     told token ids and answers for them."""
     if spec is None or is_endpoint(spec):
         return
-    from grpoplus.models.load import load_tokenizer
+    from grpoplus.models.load import is_builtin, load_tokenizer
+    from grpoplus.models.tokenizer import char_tokenizer
 
-    theirs, ours = load_tokenizer(spec).get_vocab(), tokenizer.get_vocab()
+    theirs, ours = (char_tokenizer() if is_builtin(spec) else load_tokenizer(spec)).get_vocab(), tokenizer.get_vocab()
     if theirs != ours:
         differ = sorted(set(theirs.items()) ^ set(ours.items()), key=str)[:3]
         raise ValueError(f"teacher {spec!r} has another tokenizer than the policy ({len(theirs)} vs {len(ours)} "

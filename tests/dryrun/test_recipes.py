@@ -235,6 +235,18 @@ def test_a_teacher_with_another_vocabulary_is_warned_of():
     assert served.teacher is None and not any(i.what.startswith("teacher") for i in served.devices[0].items)
 
 
+def test_the_builtin_teacher_and_the_untrained_model_are_sized_as_what_they_are():
+    """tiny-teacher is the medium tiny Llama (its 4-byte weights on the device), tiny-untrained the default one;
+    neither is taken for the mixture of experts."""
+    from grpoplus.models.tiny import SIZES
+
+    run = dry_run(overrides=["teacher=tiny-teacher", "lambda_opd=1"])
+    assert run.teacher.arch.hidden == SIZES["medium"]["hidden_size"]
+    item = next(i for i in run.devices[0].items if i.what.startswith("teacher"))
+    assert item.bytes == run.teacher.params * 4
+    assert dry_run(overrides=["model=tiny-untrained"]).policy.params == dry_run().policy.params
+
+
 def test_a_local_world_size_left_by_a_vllm_engine_is_not_taken_for_torchrun(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # what vLLM's CPU platform sets in the process that ran an engine
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -53,6 +53,14 @@ def test_gain_per_time(make_run):
     assert MEASURES.get("gain_per_time")(make_run(records), key="eval/accuracy") == pytest.approx(0.5)
 
 
+def test_tail_minus_initial(make_run):
+    # a teacher's correct share 0.8 (logged every step) against the student's accuracy 0.3 at step 0: 0.5
+    records = [{"step": 0, "eval/accuracy": 0.3}] + [{"step": s, "sft/demo_model_correct_frac": 0.8} for s in (1, 2, 3)]
+    records.append({"step": 3, "eval/accuracy": 0.6})
+    measure = MEASURES.get("tail_minus_initial")
+    assert measure(make_run(records), key="sft/demo_model_correct_frac") == pytest.approx(0.5)
+
+
 def _group(step, prompt, rewards, correct):
     return [{"step": step, "prompt_index": prompt, "completion": "", "reward": r, "correct": c, "finished": True}
             for r, c in zip(rewards, correct)]

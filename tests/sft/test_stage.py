@@ -110,6 +110,9 @@ def test_off_policy_distillation_trains_on_the_teachers_correct_samples(tmp_path
     run = sft_trainer(tmp_path / "opd", max_steps=2, teacher=str(teacher), prompts_per_step=64, demo_samples=2,
                       task="arithmetic").train()
     rows = [json.loads(line) for line in (run.run_dir / "teacher_demos.jsonl").read_text().splitlines()]
+    stats = json.loads((run.run_dir / "teacher_demos.json").read_text())
+    assert stats["correct"] == len(rows) < stats["responses"]
+    assert run.final["sft/demo_model_correct_frac"] == pytest.approx(len(rows) / stats["responses"])
     tok, task = char_tokenizer(), get_task("arithmetic")
     answers = {e.prompt: e.answer for e in task.split("train")}
     assert rows

@@ -126,6 +126,9 @@ def test_a_bf16_mixed_teacher_stores_its_linears_in_bf16_and_scores_as_the_float
     (["teacher=/some/dir"], "loaded for nothing"),
     (["teacher=http://127.0.0.1:9/v1", "distill_loss=gjsd"], "an endpoint"),
     (["teacher=/some/dir", "distill_loss=reverse_kl", "data_parallel=2", "strategy=fsdp2"], "replicated learners"),
+    (["teacher=tiny-teacher", "lambda_opd=1", "data=rows.jsonl"], "warm-started on a built-in task"),
+    (["teacher=tiny-untrained", "lambda_opd=1"], "knows nothing to teach"),
+    (["run.stage=sft", "sft.demo_model=tiny-untrained"], "knows nothing to teach"),
 ])
 def test_teacher_settings_that_do_not_fit_are_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -190,3 +193,17 @@ def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batch
         gradients.append(seen)
     for key, whole in gradients[0].items():
         assert torch.allclose(whole, gradients[1][key], rtol=1e-4, atol=1e-7), key
+
+
+def test_the_builtin_teacher_is_loaded_on_the_runs_task_with_the_policys_tokenizer(tok, sharp_teacher_dir, monkeypatch):
+    """tiny-teacher names a built-in model: check_vocabulary reads the character tokenizer, and the teacher loaded
+    is the built-in teacher's warm start of the run's task (the medium model, seed 0 whatever the run's)."""
+    import grpoplus.warmstart as warmstart
+    from grpoplus.teacher import check_vocabulary
+
+    check_vocabulary("tiny-teacher", tok)  # no error: the same character tokenizer
+    asked = []
+    monkeypatch.setattr(warmstart, "build_warmstart", lambda *a, **kw: asked.append((a, kw)) or sharp_teacher_dir)
+    teacher = load_teacher("tiny-teacher", "cpu", task="arithmetic", difficulty=3)
+    assert asked == [(("arithmetic", 3), dict(size="medium", steps=3 * warmstart.DEFAULT_STEPS, direct_frac=0.0, seed=0))]
+    assert isinstance(teacher, LocalTeacher)
