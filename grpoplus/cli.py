@@ -1,4 +1,4 @@
-"""``grpoplus`` command line: train | sft | report | compare | doctor | export | presets | lab | selftest."""
+"""``grpoplus`` command line: train | sft | eval | report | compare | doctor | export | presets | lab | selftest."""
 
 from __future__ import annotations
 
@@ -22,10 +22,46 @@ def _add_train(sub) -> None:
                        description="Train with a preset, a YAML config and key=value overrides of any config "
                                    "field, e.g. `grpoplus train --preset dapo --task arithmetic --out runs/demo "
                                    "max_steps=8 eps_high=0.3`. See --help-config for every key.")
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its last complete checkpoint")
+    _run_flags(p)
+    p.add_argument("--dry-run", dest="dry_run", action="store_true",
+                   help="check the config and print the resolved config, where each role runs, the memory per "
+                        "device and the tokens per step, loading no model and starting nothing; what this machine "
+                        "lacks (GPUs, vLLM, Ray) is listed as needs, not raised")
+    p.set_defaults(func=_train)
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="measure a model's held-out accuracy on a task, training nothing",
+                       description="The evaluation a run makes at step 0, alone: the task's held-out split (or "
+                                   "--eval-data) with the run's sampling keys (eval_size, eval_samples, max_new_tokens, "
+                                   "tools, max_turns), written to OUT/eval.json, e.g. `grpoplus eval --model "
+                                   "runs/sft/checkpoints/step-100 --task wordproblems eval_size=128 --out runs/eval`.")
+    _run_flags(p)
+    p.set_defaults(func=_eval, resume=None, dry_run=False)
+
+
+def _eval(args) -> int:
+    from grpoplus.config import build_config, describe_keys
+    from grpoplus.trainer import evaluate_only
+
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
+    cfg = build_config(args.preset, args.config, [*overrides, *args.overrides])
+    if args.help_config:
+        print(describe_keys(cfg))
+        return 0
+    record = evaluate_only(cfg)
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k.startswith("eval/"))
+    print(f"grpoplus eval: {record['model']} on {record['examples']} held-out examples of {record['task']}: {shown} "
+          f"({cfg.run.out}/eval.json)")
+    return 0
+
+
+def _run_flags(p) -> None:
+    """The flags ``train`` and ``eval`` share: the config, the model, the data and the run directory."""
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config field")
     p.add_argument("--preset", default=None, help="algorithm preset (see `grpoplus presets`); default dapo")
     p.add_argument("--config", default=None, help="YAML file of config values (nested by section or flat)")
-    p.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its last complete checkpoint")
     p.add_argument("--task", help="built-in task: arithmetic | countdown | wordproblems (default arithmetic)")
     p.add_argument("--out", help="run directory (default runs/demo)")
     p.add_argument("--model", help="local HF model dir, .gguf file, or `smollm2` (default: built-in tiny model)")
@@ -38,11 +74,6 @@ def _add_train(sub) -> None:
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with its meaning and its value for this command line (the preset's "
                         "values, --config and key=value overrides applied) and exit")
-    p.add_argument("--dry-run", dest="dry_run", action="store_true",
-                   help="check the config and print the resolved config, where each role runs, the memory per "
-                        "device and the tokens per step, loading no model and starting nothing; what this machine "
-                        "lacks (GPUs, vLLM, Ray) is listed as needs, not raised")
-    p.set_defaults(func=_train)
 
 
 def _train(args) -> int:
@@ -117,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_sft(sub)
+    _add_eval(sub)
     register_commands(sub)
     register_export(sub)
     sub.add_parser("presets", help="list the algorithm presets: what each sets, and its paper").set_defaults(func=_presets)
@@ -129,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may stand anywhere among train's flags (argparse takes positionals once).
-    stray = [word for word in extra if word.startswith("-") or "=" not in word or args.command not in ("train", "sft")]
+    stray = [word for word in extra if word.startswith("-") or "=" not in word or args.command not in ("train", "sft", "eval")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:

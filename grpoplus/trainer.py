@@ -111,6 +111,31 @@ def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict]
         c.close()
 
 
+EVAL_FILE = "eval.json"
+"""What ``grpoplus eval`` writes into its run directory: the held-out metrics and what they measured."""
+
+
+def evaluate_only(cfg: Config) -> dict:
+    """The held-out evaluation a run makes at step 0 (``run_eval``), alone: the model as ``learner.model`` names it,
+    nothing trained; written to ``RUN/eval.json`` and returned."""
+    import json
+
+    plan = resolve(cfg)
+    if plan.placement.ranks > 1:
+        raise ValueError("grpoplus eval runs in one process: drop learner.data_parallel (it trains nothing)")
+    c = assemble(plan)
+    try:
+        metrics = run_eval(cfg, c, 0)
+    finally:
+        c.close()
+    record = {"model": cfg.learner.model or "built-in tiny model", "task": cfg.data.data or cfg.data.task,
+              "examples": len(c.test), "seed": cfg.run.seed, **{k: float(v) for k, v in sorted(metrics.items())}}
+    out = Path(cfg.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / EVAL_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def print_inert_notice(cfg: Config) -> None:
     """One stderr line naming the configured switches that cannot act in this run (AlgoConfig.inert_switches)."""
     inert = cfg.algo.inert_switches(pi_old_is_sampler=cfg.learner.logp_old == "rollout")

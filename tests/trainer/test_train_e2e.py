@@ -54,6 +54,20 @@ def test_a_finished_run_says_what_it_learned_where_its_checkpoint_is_and_what_to
                        f"grpoplus: next: grpoplus report {out} (curves and samples), grpoplus doctor {out} (run health)"]
 
 
+def test_eval_measures_what_a_run_measures_at_step_0_and_trains_nothing(nano_dir, tmp_path, capsys):
+    """grpoplus eval: a run's step-0 evaluation alone (the same held-out examples, seed and sampling), in eval.json."""
+    run, alone = tmp_path / "run", tmp_path / "eval"
+    assert _train("--model", nano_dir, "--out", str(run), "max_steps=1", "eval_every=0", *SMALL) == 0
+    assert main(["eval", "--model", nano_dir, "--out", str(alone), *SMALL]) == 0
+    step0 = read_metrics(run)[0]
+    measured = json.loads((alone / "eval.json").read_text())
+    assert measured["examples"] == 6 and measured["model"] == nano_dir
+    assert {k: v for k, v in measured.items() if k.startswith("eval/") and "_s" not in k} == \
+        {k: v for k, v in step0.items() if k.startswith("eval/") and "_s" not in k}
+    assert f"on 6 held-out examples of arithmetic: eval/accuracy {step0['eval/accuracy']:.4g}" in capsys.readouterr().out
+    assert not (alone / "checkpoints").exists() and not (alone / "metrics.jsonl").exists()
+
+
 def test_the_package_lists_its_lazily_imported_names():
     import grpoplus
 
