@@ -206,6 +206,18 @@ class LearnerConfig:
     padded rows. on: refused in one line where the model cannot pack (a recurrent or convolutional layer would carry
     one row's state into the next); auto: pack where proven, else pad, said once; off: pad. A packed forward computes
     every row's prompt (learner.share_prompts does not apply to it); learner.micro_batch_tokens then counts real tokens."""
+    compile: bool = False
+    """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their
+    forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention
+    mask, the chunked head and the loss stay eager. The same numbers as eager up to float summation order. The first
+    update pays the compilation (tens of seconds); a compilation that fails mid-run runs eagerly from then on, said
+    in one line. Off by default: on the 2-core CPU it was measured on it did not make the learner faster
+    (concepts/rollout-engines.md, Compiled learner layers). Refused with learner.strategy=fsdp2 over several ranks
+    and with algo.routing_replay; an MoE policy's layers stay eager."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode for learner.compile: default, or max-autotune-no-cudagraphs (longer compilation that
+    benchmarks kernel choices; a GPU's). CUDA graphs (reduce-overhead) are not offered: a training step's shapes
+    change every step."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
     much less activation memory for one more forward of the body per update; the same numbers."""

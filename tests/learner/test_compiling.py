@@ -1,0 +1,121 @@
+"""Compiled learner layers (learner.compile): eager's numbers, no recompilation per width, a one-line fallback.
+
+Compiling costs seconds on a CPU (inductor builds C++ kernels), so the tests that compile are marked slow; the
+fallback and the refusals need no compilation.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+from torch._dynamo.exc import Unsupported
+
+from grpoplus.config import build_config
+from grpoplus.learner import compiling
+from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.compiling import check_compile, compiled_graphs, compiled_layers
+from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.precision import autocast
+from grpoplus.models.tiny import tiny_model, tiny_moe_model
+from grpoplus.trainer import train
+
+from .conftest import groups
+
+
+def _grads(model, rows, mode, checkpointing=False, precision="fp32", **kwargs):
+    model.zero_grad(set_to_none=True)
+    with compiled_layers(model, mode), checkpointed_layers(model, checkpointing), autocast(precision, rows[0].device):
+        logp, _ = response_logprobs(model, *rows, **kwargs)
+    (logp * torch.linspace(-1.0, 2.0, logp.shape[1])).sum().backward()
+    return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_equal(compiled, eager, atol=1e-5):
+    (logp_c, grads_c), (logp_e, grads_e) = compiled, eager
+    torch.testing.assert_close(logp_c, logp_e, atol=atol, rtol=0)
+    assert grads_c.keys() == grads_e.keys() and grads_e
+    for name, grad in grads_e.items():
+        torch.testing.assert_close(grads_c[name], grad, atol=atol, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_eager_log_probs_and_gradients_at_every_width_without_recompiling(tok):
+    model = tiny_model(tok, size="nano", seed=0)
+    graphs = []
+    for rows in (groups(0), groups(1, t=9), groups(2, prompts=2, p=5, t=3)):  # widths 13, 16, 8; 12, 12, 8 rows
+        for kwargs in (dict(share_prompts=False), dict(packing=True)):
+            _assert_equal(_grads(model, rows, "default", **kwargs), _grads(model, rows, None, **kwargs))
+        graphs.append(compiled_graphs())
+    assert graphs[0] > 0 and graphs[1] == graphs[0] == graphs[2]  # new widths and row counts: no new graph
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install -e '.[lora]'")
+def test_compiled_layers_compose_with_lora_gradient_checkpointing_and_shared_prompts(tok):
+    from grpoplus.models.lora import add_lora
+
+    torch.manual_seed(0)
+    model = add_lora(tiny_model(tok, size="nano", seed=0), 4, 8.0, 0.0, ["all-linear"])
+    for p in model.parameters():  # B = 0 at the start would give A no gradient to compare
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.1)
+    rows = groups(3)
+    kwargs = dict(checkpointing=True, share_prompts=True)
+    _assert_equal(_grads(model, rows, "default", **kwargs), _grads(model, rows, None, **kwargs))
+
+
+@pytest.mark.slow
+def test_compiled_layers_under_bf16_autocast_match_eager_bf16(tok):
+    model = tiny_model(tok, size="nano", seed=0)
+    rows = groups(4)
+    # bf16 matmuls: the compiled kernels may round differently, within bf16's 8 bits of mantissa
+    _assert_equal(_grads(model, rows, "default", precision="bf16_mixed", share_prompts=False),
+                  _grads(model, rows, None, precision="bf16_mixed", share_prompts=False), atol=3e-2)
+
+
+def test_a_failed_compilation_runs_eagerly_from_then_on_said_in_one_line(tok, capsys, monkeypatch):
+    model = tiny_model(tok, size="nano", seed=0)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise Unsupported("injected: dynamo cannot trace this layer")
+
+    monkeypatch.setattr(compiling, "_COMPILED", {})
+    monkeypatch.setattr(compiling.torch, "compile", lambda fn, **kwargs: broken)
+    rows = groups(5)
+    _assert_equal(_grads(model, rows, "default"), _grads(model, rows, None), atol=0)
+    _grads(model, rows, "default")  # the layer class stays eager: the compiled forward is not tried again
+    assert len(calls) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("grpoplus: note: learner.compile: compiling LlamaDecoderLayer "
+                                               "failed (Unsupported: injected")
+
+
+def test_compile_is_refused_in_one_line_where_unproven_and_an_moe_policy_stays_eager(tok, capsys):
+    with pytest.raises(ValueError, match="^learner.compile=true is not proven with learner.strategy=fsdp2"):
+        build_config("grpo", overrides=["compile=true", "strategy=fsdp2", "data_parallel=2"])
+    with pytest.raises(ValueError, match="^learner.compile=true compiles the decoder layers, inside which"):
+        build_config("grpo", overrides=["compile=true", "model=tiny-moe", "routing_replay=r3"])
+    capsys.readouterr()
+    assert check_compile(True, "default", tiny_moe_model(tok, size="moe-nano"), routing=True) is None
+    assert capsys.readouterr().err.startswith("grpoplus: note: learner.compile=true runs this model's layers eagerly")
+    assert check_compile(True, "default", tiny_model(tok, size="nano"), routing=False) == "default"
+    assert check_compile(False, "default", tiny_model(tok, size="nano"), routing=False) is None
+
+
+@pytest.mark.slow
+def test_a_few_training_steps_compiled_give_the_eager_losses(tmp_path):
+    records = {}
+    for compile_ in ("false", "true"):
+        cfg = build_config("grpo", overrides=[
+            "model=tiny-untrained", f"out={tmp_path / compile_}", "max_steps=3", "prompts_per_step=2", "group_size=4",
+            "max_new_tokens=12", "eval_size=2", "eval_samples=1", "progress=false", "loggers=[]", "doctor_every=0",
+            "micro_batch_size=4", "num_minibatches=1", "lr=1e-3", "threads=1", "save_every=0", f"compile={compile_}"])
+        records[compile_] = [r for r in train(cfg) if r["step"] > 0 and "loss/total" in r]
+    assert len(records["true"]) == len(records["false"]) == 3
+    for off, on in zip(records["false"], records["true"]):
+        assert on["length/mean"] == off["length/mean"]  # the same rollouts: the weights stayed within fp32 rounding
+        assert on["loss/total"] == pytest.approx(off["loss/total"], rel=1e-4, abs=1e-6)
+        assert on["optim/grad_norm"] == pytest.approx(off["optim/grad_norm"], rel=1e-4)
+        assert on["learner/compiled_graphs"] > 0 and "learner/compiled_graphs" not in off
