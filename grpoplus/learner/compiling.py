@@ -59,9 +59,10 @@ def _call(layer: torch.nn.Module, mode: str, eager, *args, **kwargs):
 @contextmanager
 def compiled_layers(model: torch.nn.Module, mode: str | None) -> Iterator[None]:
     """Within the block, ``model``'s decoder layers run compiled (the backward of what they computed too, after
-    the block). ``mode=None``: a no-op. A layer whose forward was replaced on the instance (e.g. by accelerate's
+    the block). ``mode`` off (or None): a no-op. A layer whose forward was replaced on the instance (e.g. by accelerate's
     hooks) stays eager: its class's forward is not what it runs."""
-    layers = [m for m in checkpointable_layers(model) if "forward" not in m.__dict__] if mode else []
+    layers = [m for m in checkpointable_layers(model) if "forward" not in m.__dict__] \
+        if mode not in (None, "off") else []
     with wrapped_forwards(layers, lambda forward: partial(_call, forward.__self__, mode, forward)):
         yield
 

@@ -106,10 +106,13 @@ def test_compile_is_refused_in_one_line_where_unproven_and_an_moe_policy_stays_e
 
 @pytest.mark.slow
 def test_a_few_training_steps_compiled_give_the_eager_losses(tmp_path):
+    # The warm-started model (some rewards differ within a group). beta=0: with a reference, the first step's KL
+    # is exactly 0 eagerly but ~1e-14 compiled (the no-grad and the grad graphs round differently), and AdamW
+    # turns that ~1e-8 gradient into a full-size step: a rounding difference, amplified, not compile's error.
     records = {}
     for compile_ in ("false", "true"):
         cfg = build_config("grpo", overrides=[
-            "model=tiny-untrained", f"out={tmp_path / compile_}", "max_steps=3", "prompts_per_step=2", "group_size=4",
+            f"out={tmp_path / compile_}", "beta=0", "max_steps=3", "prompts_per_step=2", "group_size=4",
             "max_new_tokens=12", "eval_size=2", "eval_samples=1", "progress=false", "loggers=[]", "doctor_every=0",
             "micro_batch_size=4", "num_minibatches=1", "lr=1e-3", "threads=1", "save_every=0", f"compile={compile_}"])
         records[compile_] = [r for r in train(cfg) if r["step"] > 0 and "loss/total" in r]
@@ -117,5 +120,5 @@ def test_a_few_training_steps_compiled_give_the_eager_losses(tmp_path):
     for off, on in zip(records["false"], records["true"]):
         assert on["length/mean"] == off["length/mean"]  # the same rollouts: the weights stayed within fp32 rounding
         assert on["loss/total"] == pytest.approx(off["loss/total"], rel=1e-4, abs=1e-6)
-        assert on["optim/grad_norm"] == pytest.approx(off["optim/grad_norm"], rel=1e-4)
+        assert on["optim/grad_norm"] == pytest.approx(off["optim/grad_norm"], rel=1e-4, abs=1e-6)
         assert on["learner/compiled_graphs"] > 0 and "learner/compiled_graphs" not in off
