@@ -5,11 +5,13 @@
 
 The workload of benchmarks/packing.py (prompts of 40 to 80 tokens, response lengths log-uniform up to
 ``--max-new-tokens``, random token ids), two batches of different widths taken in turn, so that a compiled layer
-that recompiled for every width would show it. Two arms alternated ``--repeats`` times on the same weights, each an
-optimizer step (pi_old from the forward, AdamW at lr 0): ``eager`` and ``compiled``. The compiled arm's first step
+that recompiled for every width would show it. Three arms alternated ``--repeats`` times on the same weights, each an
+optimizer step (pi_old from the forward, AdamW at lr 0): ``eager+shared`` (the default learner: each distinct
+prompt computed once), ``eager`` (every row whole) and ``compiled`` (every row whole through compiled layers: the
+plan turns prompt sharing off under learner.compile). The compiled arm's first step
 pays the compilation: it is reported apart (``compile``: that step's seconds less a steady step's) from the steady
-medians. Also: the graphs dynamo compiled (after the first step and at the end: equal when no width recompiles),
-each arm's loss (equal to float32 rounding) and the CPU's vector flags. Inductor keeps what it compiled in a cache
+medians and minima (on a machine shared with other jobs the minimum is the less disturbed). Also: the graphs dynamo compiled (after the first step and at the end: equal when no width recompiles),
+each arm's gradient norm (equal to float32 rounding) and the CPU's vector flags. Inductor keeps what it compiled in a cache
 on disk, so a second run compiles in a fraction of the time: the benchmark compiles into a fresh cache directory
 (a cold compilation, as a new machine pays it) unless ``--warm-cache``. The machine may be shared with other jobs:
 compare the arms' ratio, measured side by side, not their seconds across runs.
@@ -43,10 +45,10 @@ def cpu_flags() -> str:
     return " ".join(sorted(f for f in set(flags) if f.startswith(("avx2", "avx512", "amx", "fma"))))
 
 
-def step(model, batch, compile_mode: str, args) -> tuple[float, dict]:
-    """Seconds and metrics of one optimizer step, its decoder layers compiled with ``compile_mode`` (off: eager)."""
+def step(model, batch, arm: dict, args) -> tuple[float, dict]:
+    """Seconds and metrics of one optimizer step of ``arm`` (LearnerPlan fields)."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    plan = LearnerPlan(1.0, args.micro_batch_size, 1.0, "forward", packing=args.packing, compile=compile_mode)
+    plan = LearnerPlan(1.0, args.micro_batch_size, 1.0, "forward", packing=args.packing, **arm)
     algo = AlgoConfig.preset("grpo", beta=0.0, max_len=args.max_new_tokens)
     start = time.perf_counter()
     metrics, _, _ = optimizer_step(model, opt, batch, algo, plan)
@@ -60,7 +62,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--packing", action="store_true", help="packed micro-batches in both arms")
+    parser.add_argument("--packing", action="store_true", help="packed micro-batches in every arm")
     parser.add_argument("--mode", default="default", choices=["default", "max-autotune-no-cudagraphs"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
@@ -76,24 +78,29 @@ def main() -> None:
     print(f"model {args.model}, {len(batches[0].group_ids)} rows, widths "
           f"{[int(b.response_mask.sum(1).max()) for b in batches]} response tokens, packing {args.packing}, torch "
           f"{torch.__version__}, threads {torch.get_num_threads()}, cpu count {os.cpu_count()}\ncpu flags: {cpu_flags()}")
-    step(copy.deepcopy(model), batches[0], "off", args)  # warm-up (allocator, kernels)
-    first, _ = step(model, batches[0], args.mode, args)
+    arms = {"eager+shared": dict(share_prompts=True), "eager": dict(share_prompts=False),
+            "compiled": dict(share_prompts=False, compile=args.mode)}
+    step(copy.deepcopy(model), batches[0], arms["eager"], args)  # warm-up (allocator, kernels)
+    first, _ = step(model, batches[0], arms["compiled"], args)
     graphs_first = compiled_graphs()
-    arms = {"eager": "off", "compiled": args.mode}
     times: dict[str, list[float]] = {name: [] for name in arms}
-    losses: dict[str, list[float]] = {name: [] for name in arms}
+    norms: dict[str, list[float]] = {name: [] for name in arms}  # lr 0: the same weights, the same gradient
     for i in range(args.repeats):
-        for name, mode in arms.items():
-            seconds, metrics = step(model, batches[i % 2], mode, args)
+        for name, arm in arms.items():
+            seconds, metrics = step(model, batches[i % 2], arm, args)
             times[name].append(seconds)
-            losses[name].append(metrics["loss/total"])
+            norms[name].append(metrics["optim/grad_norm"])
     for name in arms:
         t = statistics.median(times[name])
-        print(f"{name:>9}: {t:7.3f} s/step (median of {args.repeats}; {' '.join(f'{x:.2f}' for x in times[name])})"
-              f"  losses {' '.join(f'{x:+.6f}' for x in losses[name])}")
+        print(f"{name:>12}: {t:7.3f} s/step median, {min(times[name]):7.3f} min of {args.repeats} "
+              f"({' '.join(f'{x:.2f}' for x in times[name])})")
+    print(f"gradient norms: {' '.join(f'{x:.6f}' for x in norms['eager'])} eager, largest relative difference "
+          + ", ".join(f"{name} {max(abs(a / b - 1) for a, b in zip(norms[name], norms['eager'])):.1e}" for name in arms))
     steady = statistics.median(times["compiled"])
     print(f"compile: {first - steady:.1f} s (first compiled step {first:.1f} s); graphs {graphs_first} after it, "
-          f"{compiled_graphs()} at the end ({'warm' if args.warm_cache else 'cold'} cache); eager / compiled step time {statistics.median(times['eager']) / steady:.2f}x")
+          f"{compiled_graphs()} at the end ({'warm' if args.warm_cache else 'cold'} cache); eager / compiled step time "
+          f"{statistics.median(times['eager']) / steady:.2f}x median, {min(times['eager']) / min(times['compiled']):.2f}x "
+          f"min; eager+shared / compiled {statistics.median(times['eager+shared']) / steady:.2f}x median")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ Shapes: a micro-batch's rows and width vary from step to step, so the layers com
 (``dynamic=True``): one graph per kind of forward (with or without grad, attention mask or packed, autocast or
 not), not one per width. ``compiled_graphs`` counts them for the step's metrics.
 
+A forward that carries a key/value cache (the shared-prompt path, :mod:`~grpoplus.learner.shared_prompt`) runs its
+layers eagerly: the cache is indexed by the layer's number, so dynamo would compile one graph per layer, past its
+recompilation limit on a real model. With ``learner.compile`` the plan therefore turns prompt sharing off
+(:func:`grpoplus.plan.run.update_plan`): every row is computed whole, through the compiled layers.
+
 A compilation that fails (dynamo cannot trace the layer, inductor cannot build a kernel) does not end the run: the
 failing call runs eagerly, one line says why, and that layer class stays eager for the rest of the process.
 """
@@ -44,7 +49,7 @@ def compiled_forward(layer_class: type, mode: str):
 
 def _call(layer: torch.nn.Module, mode: str, eager, *args, **kwargs):
     fn = compiled_forward(type(layer), mode)
-    if fn is None:
+    if fn is None or kwargs.get("past_key_values") is not None:  # a cache: the shared-prompt path, see the module
         return eager(*args, **kwargs)
     try:
         return fn(layer, *args, **kwargs)
