@@ -208,10 +208,11 @@ class LearnerConfig:
     every row's prompt (learner.share_prompts does not apply to it); learner.micro_batch_tokens then counts real tokens."""
     compile: bool = False
     """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their
-    forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention
-    mask, the chunked head and the loss stay eager. The same numbers as eager up to float summation order. The first
-    update pays the compilation (tens of seconds); a compilation that fails mid-run runs eagerly from then on, said
-    in one line. Off by default: on the 2-core CPU it was measured on it did not make the learner faster
+    forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention mask,
+    the chunked head and the loss stay eager. The same numbers as eager up to float rounding. Every row is then
+    computed whole (learner.share_prompts does not apply). The first update pays the compilation (about 20 s on a
+    CPU); one that fails mid-run leaves the layers eager, said in one line. Off by default: on the one CPU machine it
+    was measured on it gained at most 1.14x on the same rows, and lost to the default shared-prompt forward
     (concepts/rollout-engines.md, Compiled learner layers). Refused with learner.strategy=fsdp2 over several ranks
     and with algo.routing_replay; an MoE policy's layers stay eager."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
