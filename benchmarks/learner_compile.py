@@ -8,13 +8,14 @@ The workload of benchmarks/packing.py (prompts of 40 to 80 tokens, response leng
 that recompiled for every width would show it. Three arms alternated ``--repeats`` times on the same weights, each an
 optimizer step (pi_old from the forward, AdamW at lr 0): ``eager+shared`` (the default learner: each distinct
 prompt computed once), ``eager`` (every row whole) and ``compiled`` (every row whole through compiled layers: the
-plan turns prompt sharing off under learner.compile). The compiled arm's first step
-pays the compilation: it is reported apart (``compile``: that step's seconds less a steady step's) from the steady
-medians and minima (on a machine shared with other jobs the minimum is the less disturbed). Also: the graphs dynamo compiled (after the first step and at the end: equal when no width recompiles),
-each arm's gradient norm (equal to float32 rounding) and the CPU's vector flags. Inductor keeps what it compiled in a cache
-on disk, so a second run compiles in a fraction of the time: the benchmark compiles into a fresh cache directory
-(a cold compilation, as a new machine pays it) unless ``--warm-cache``. The machine may be shared with other jobs:
-compare the arms' ratio, measured side by side, not their seconds across runs.
+plan turns prompt sharing off under learner.compile). The compiled arm's first step pays the compilation: it is
+reported apart (``compile``: that step's seconds less a steady step's) from the steady medians and minima (on a
+machine shared with other jobs the minimum is the less disturbed). Also: the graphs dynamo compiled (after the
+first step and at the end: equal when no width recompiles), each arm's gradient norm (equal to float32 rounding)
+and the CPU's vector flags. Inductor keeps what it compiled in an on-disk cache that a later process may reuse: the
+benchmark compiles into a fresh cache directory (a cold compilation, as a new machine pays it) unless
+``--warm-cache``. The machine may be shared with other jobs: compare the arms' ratio, measured side by side, not
+their seconds across runs.
 """
 
 from __future__ import annotations

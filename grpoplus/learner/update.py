@@ -18,8 +18,8 @@ import torch
 
 from grpoplus.algo import AGGREGATIONS, AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
-from grpoplus.learner.compiling import compiled_graphs, compiled_layers
 from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.compiling import compiled_graphs, compiled_layers
 from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
