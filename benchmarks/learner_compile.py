@@ -1,7 +1,8 @@
 """Compiled learner layers (learner.compile) against eager ones: one learner step side by side, in one process.
 
     PYTHONPATH=. python benchmarks/learner_compile.py [--model tiny|smollm2] [--prompts 4] [--group 4]
-        [--max-new-tokens 64] [--micro-batch-size 8] [--packing] [--mode default] [--repeats 3] [--threads 0]
+        [--max-new-tokens 64] [--micro-batch-size 8] [--micro-batch-tokens 0] [--packing] [--mode default]
+        [--repeats 3] [--threads 0] [--warm-cache]
 
 The workload of benchmarks/packing.py (prompts of 40 to 80 tokens, response lengths log-uniform up to
 ``--max-new-tokens``, random token ids), two batches of different widths taken in turn, so that a compiled layer
@@ -25,15 +26,11 @@ import copy
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 
-from benchmarks.packing import load, varied_batch
-from grpoplus.algo import AlgoConfig
+from benchmarks.packing import load, step, varied_batch
 from grpoplus.learner.compiling import compiled_graphs
-from grpoplus.learner.prepare import LearnerPlan
-from grpoplus.learner.update import optimizer_step
 
 
 def cpu_flags() -> str:
@@ -46,16 +43,6 @@ def cpu_flags() -> str:
     return " ".join(sorted(f for f in set(flags) if f.startswith(("avx2", "avx512", "amx", "fma"))))
 
 
-def step(model, batch, arm: dict, args) -> tuple[float, dict]:
-    """Seconds and metrics of one optimizer step of ``arm`` (LearnerPlan fields)."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    plan = LearnerPlan(1.0, args.micro_batch_size, 1.0, "forward", packing=args.packing, **arm)
-    algo = AlgoConfig.preset("grpo", beta=0.0, max_len=args.max_new_tokens)
-    start = time.perf_counter()
-    metrics, _, _ = optimizer_step(model, opt, batch, algo, plan)
-    return time.perf_counter() - start, metrics
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
@@ -63,6 +50,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--micro-batch-tokens", type=int, default=0)
     parser.add_argument("--packing", action="store_true", help="packed micro-batches in every arm")
     parser.add_argument("--mode", default="default", choices=["default", "max-autotune-no-cudagraphs"])
     parser.add_argument("--repeats", type=int, default=3)
@@ -81,6 +69,7 @@ def main() -> None:
           f"{torch.__version__}, threads {torch.get_num_threads()}, cpu count {os.cpu_count()}\ncpu flags: {cpu_flags()}")
     arms = {"eager+shared": dict(share_prompts=True), "eager": dict(share_prompts=False),
             "compiled": dict(share_prompts=False, compile=args.mode)}
+    arms = {name: {**arm, "packing": args.packing} for name, arm in arms.items()}
     step(copy.deepcopy(model), batches[0], arms["eager"], args)  # warm-up (allocator, kernels)
     first, _ = step(model, batches[0], arms["compiled"], args)
     graphs_first = compiled_graphs()

@@ -17,9 +17,8 @@ from grpoplus.learner.compiling import check_compile, compiled_graphs, compiled_
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
-from grpoplus.trainer import train
 
-from .conftest import groups
+from .conftest import groups, lora_nano, three_steps
 
 
 def _grads(model, rows, mode, checkpointing=False, precision="fp32", **kwargs):
@@ -52,13 +51,7 @@ def test_compiled_layers_give_eager_log_probs_and_gradients_at_every_width_witho
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install -e '.[lora]'")
 def test_compiled_layers_compose_with_lora_gradient_checkpointing_and_shared_prompts(tok):
-    from grpoplus.models.lora import add_lora
-
-    torch.manual_seed(0)
-    model = add_lora(tiny_model(tok, size="nano", seed=0), 4, 8.0, 0.0, ["all-linear"])
-    for p in model.parameters():  # B = 0 at the start would give A no gradient to compare
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=0.1)
+    model = lora_nano(tok)
     rows = groups(3)
     kwargs = dict(checkpointing=True, share_prompts=True)
     _assert_equal(_grads(model, rows, "default", **kwargs), _grads(model, rows, None, **kwargs))
@@ -111,11 +104,7 @@ def test_a_few_training_steps_compiled_give_the_eager_losses(tmp_path):
     # turns that ~1e-8 gradient into a full-size step: a rounding difference, amplified, not compile's error.
     records = {}
     for compile_ in ("false", "true"):
-        cfg = build_config("grpo", overrides=[
-            f"out={tmp_path / compile_}", "beta=0", "max_steps=3", "prompts_per_step=2", "group_size=4",
-            "max_new_tokens=12", "eval_size=2", "eval_samples=1", "progress=false", "loggers=[]", "doctor_every=0",
-            "micro_batch_size=4", "num_minibatches=1", "lr=1e-3", "threads=1", "save_every=0", f"compile={compile_}"])
-        records[compile_] = [r for r in train(cfg) if r["step"] > 0 and "loss/total" in r]
+        records[compile_] = three_steps(tmp_path / compile_, "beta=0", "micro_batch_size=4", f"compile={compile_}")
     assert len(records["true"]) == len(records["false"]) == 3
     for off, on in zip(records["false"], records["true"]):
         assert on["length/mean"] == off["length/mean"]  # the same rollouts: the weights stayed within fp32 rounding
