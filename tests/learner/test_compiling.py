@@ -53,8 +53,12 @@ def test_compiled_layers_give_eager_log_probs_and_gradients_at_every_width_witho
 def test_compiled_layers_compose_with_lora_gradient_checkpointing_and_shared_prompts(tok):
     model = lora_nano(tok)
     rows = groups(3)
-    kwargs = dict(checkpointing=True, share_prompts=True)
+    before = compiled_graphs()
+    kwargs = dict(checkpointing=True, share_prompts=False)  # LoRA's layers compiled, recomputed in the backward
     _assert_equal(_grads(model, rows, "default", **kwargs), _grads(model, rows, None, **kwargs))
+    assert compiled_graphs() > before
+    # the shared-prompt forward carries a key/value cache: its layers run eagerly, the same numbers
+    _assert_equal(_grads(model, rows, "default", share_prompts=True), _grads(model, rows, None, share_prompts=True))
 
 
 @pytest.mark.slow
@@ -77,8 +81,9 @@ def test_a_failed_compilation_runs_eagerly_from_then_on_said_in_one_line(tok, ca
     monkeypatch.setattr(compiling, "_COMPILED", {})
     monkeypatch.setattr(compiling.torch, "compile", lambda fn, **kwargs: broken)
     rows = groups(5)
-    _assert_equal(_grads(model, rows, "default"), _grads(model, rows, None), atol=0)
-    _grads(model, rows, "default")  # the layer class stays eager: the compiled forward is not tried again
+    _assert_equal(_grads(model, rows, "default", share_prompts=False), _grads(model, rows, None, share_prompts=False),
+                  atol=0)
+    _grads(model, rows, "default", share_prompts=False)  # the class stays eager: its compiled forward is not tried
     assert len(calls) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("grpoplus: note: learner.compile: compiling LlamaDecoderLayer "
