@@ -14,10 +14,13 @@ not), not one per width. ``compiled_graphs`` counts them for the step's metrics.
 A forward that carries a key/value cache (the shared-prompt path, :mod:`~grpoplus.learner.shared_prompt`) runs its
 layers eagerly: the cache is indexed by the layer's number, so dynamo would compile one graph per layer, past its
 recompilation limit on a real model. With ``learner.compile`` the plan therefore turns prompt sharing off
-(:func:`grpoplus.plan.run.update_plan`): every row is computed whole, through the compiled layers.
+(:func:`grpoplus.plan.run.shares_prompts`): every row is computed whole, through the compiled layers.
 
-A compilation that fails (dynamo cannot trace the layer, inductor cannot build a kernel) does not end the run: the
-failing call runs eagerly, one line says why, and that layer class stays eager for the rest of the process.
+A compilation that fails (dynamo cannot trace the layer, inductor cannot build a kernel, a layer would need more
+graphs than dynamo's recompilation limit) does not end the run: the failing call runs eagerly, one line says why,
+and that layer class stays eager for the rest of the process. The backward graph is compiled with the forward where
+it keeps symbolic sizes (as here); where AOTAutograd defers it, or retries it, to the first backward, a failure
+there is not caught: it would end the update with inductor's error.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import torch
-from torch._dynamo.exc import TorchDynamoException
+from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 
 from grpoplus.learner.checkpointing import checkpointable_layers, wrapped_forwards
 
@@ -51,14 +54,21 @@ def _call(layer: torch.nn.Module, mode: str, eager, *args, **kwargs):
     fn = compiled_forward(type(layer), mode)
     if fn is None or kwargs.get("past_key_values") is not None:  # a cache: the shared-prompt path, see the module
         return eager(*args, **kwargs)
-    try:
-        return fn(layer, *args, **kwargs)
-    except TorchDynamoException as err:
+    try:  # past the recompilation limit dynamo would run the layer eagerly without a word: fail, and say so here
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return fn(layer, *args, **kwargs)
+    except (TorchDynamoException, FailOnRecompileLimitHit) as err:
         _COMPILED[(type(layer), mode)] = None
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"grpoplus: note: learner.compile: compiling {type(layer).__name__} failed ({type(err).__name__}: "
-              f"{why[:200]}); it runs eagerly from now on", file=sys.stderr)
+        print(f"grpoplus: note: learner.compile: compiling {type(layer).__name__} failed ({_reason(err)}); it runs "
+              "eagerly from now on", file=sys.stderr)
         return eager(*args, **kwargs)
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, FailOnRecompileLimitHit):
+        return f"more graphs than torch._dynamo.config.recompile_limit={torch._dynamo.config.recompile_limit}"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 @contextmanager

@@ -90,6 +90,22 @@ def test_a_failed_compilation_runs_eagerly_from_then_on_said_in_one_line(tok, ca
                                                "failed (Unsupported: injected")
 
 
+@pytest.mark.slow
+def test_a_layer_past_the_recompilation_limit_runs_eagerly_said_in_one_line(tok, capsys, monkeypatch):
+    model = tiny_model(tok, size="nano", seed=0)
+    monkeypatch.setattr(compiling, "_COMPILED", {})
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    rows = groups(6)
+    _grads(model, rows, "default", share_prompts=False)
+    with torch.no_grad():  # another kind of forward: a second graph, past the limit of 1
+        with compiled_layers(model, "default"):
+            logp, _ = response_logprobs(model, *rows, share_prompts=False)
+    torch.testing.assert_close(logp, response_logprobs(model, *rows, share_prompts=False)[0], atol=1e-5, rtol=0)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpoplus:")]
+    assert err == ["grpoplus: note: learner.compile: compiling LlamaDecoderLayer failed (more graphs than "
+                   "torch._dynamo.config.recompile_limit=1); it runs eagerly from now on"]
+
+
 def test_compile_is_refused_in_one_line_where_unproven_and_an_moe_policy_stays_eager(tok, capsys):
     with pytest.raises(ValueError, match="^learner.compile=true is not proven with learner.strategy=fsdp2"):
         build_config("grpo", overrides=["compile=true", "strategy=fsdp2", "data_parallel=2"])
