@@ -191,16 +191,9 @@ def _packing(cfg: Config) -> None:
 
 @rule("compile")
 def _compile(cfg: Config) -> None:
-    """Compiled learner layers (learner.compile) only where they are proven: not on FSDP2's sharded ranks, not under
-    MoE routing replay (whose hooks act inside the layers)."""
-    lrn = cfg.learner
-    if not lrn.compile:
-        return
-    if lrn.sharded:
-        raise ValueError("learner.compile=true is not proven with learner.strategy=fsdp2 over several ranks (no test "
-                         "composes FSDP2's per-layer gathers with compiled layers): set learner.compile=false or "
-                         "learner.strategy=replicate")
-    if cfg.algo.routing_replay != "off":
+    """Compiled learner layers (learner.compile) are not run under MoE routing replay, whose hooks act inside the
+    layers."""
+    if cfg.learner.compile and cfg.algo.routing_replay != "off":
         raise ValueError(f"learner.compile=true compiles the decoder layers, inside which algo.routing_replay="
                          f"{cfg.algo.routing_replay} replays the router's choices from Python hooks: set one of them off")
 

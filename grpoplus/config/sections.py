@@ -213,8 +213,8 @@ class LearnerConfig:
     computed whole (learner.share_prompts does not apply). The first update pays the compilation (about 20 s on a
     CPU); one that fails mid-run leaves the layers eager, said in one line. Off by default: on the one CPU machine it
     was measured on it gained at most 1.14x on the same rows, and lost to the default shared-prompt forward
-    (concepts/rollout-engines.md, Compiled learner layers). Refused with learner.strategy=fsdp2 over several ranks
-    and with algo.routing_replay; an MoE policy's layers stay eager."""
+    (concepts/rollout-engines.md, Compiled learner layers). Refused with algo.routing_replay; an MoE policy's layers
+    stay eager."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile's mode for learner.compile: default, or max-autotune-no-cudagraphs (longer compilation that
     benchmarks kernel choices; a GPU's). CUDA graphs (reduce-overhead) are not offered: a training step's shapes
