@@ -165,8 +165,8 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
                      "learner.packing=off with shared prompts computes fewer tokens")
     if lrn.compile and lrn.packing == "off" and lrn.share_prompts:
         notes.append("learner.compile=true computes every row whole (learner.share_prompts does not apply: the shared-"
-                     "prompt forward would compile one graph per layer); its first update compiles the layers (about "
-                     "20-40 s on a CPU)")
+                     "prompt forward would compile one graph per layer); its first update compiles the layers (about 20 s "
+                     "on a 2-core CPU)")
     if policy.params is not None and not is_builtin(lrn.model):  # the built-in models load unchecked
         notes += _load_checks(cfg, policy.params, gpu)
     if teacher is not None and teacher.params is not None:

@@ -39,6 +39,11 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 """torch.compile modes the learner may use; reduce-overhead (CUDA graphs) is not one: a graph per shape of a
 training step whose shapes change every step would be recorded again and again."""
 
+LAYER_GRAPHS = 16
+"""Graphs one layer class may compile (dynamo's recompilation limit, raised to this while a layer runs): one per kind
+of forward (grad or not, padded or packed, autocast or not, LoRA adapters on or off, ...), with room; a layer that
+specialises on its own index would need one per layer and fails into the eager fallback instead."""
+
 _COMPILED: dict[tuple[type, str], object] = {}  # (layer class, mode) -> the compiled forward, or None once it failed
 
 
@@ -54,19 +59,20 @@ def _call(layer: torch.nn.Module, mode: str, eager, *args, **kwargs):
     fn = compiled_forward(type(layer), mode)
     if fn is None or kwargs.get("past_key_values") is not None:  # a cache: the shared-prompt path, see the module
         return eager(*args, **kwargs)
+    limit = max(torch._dynamo.config.recompile_limit, LAYER_GRAPHS)
     try:  # past the recompilation limit dynamo would run the layer eagerly without a word: fail, and say so here
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=limit):
             return fn(layer, *args, **kwargs)
     except (TorchDynamoException, FailOnRecompileLimitHit) as err:
         _COMPILED[(type(layer), mode)] = None
-        print(f"grpoplus: note: learner.compile: compiling {type(layer).__name__} failed ({_reason(err)}); it runs "
-              "eagerly from now on", file=sys.stderr)
+        print(f"grpoplus: note: learner.compile: compiling {type(layer).__name__} failed ({_reason(err, limit)}); it "
+              "runs eagerly from now on", file=sys.stderr)
         return eager(*args, **kwargs)
 
 
-def _reason(err: Exception) -> str:
+def _reason(err: Exception, limit: int) -> str:
     if isinstance(err, FailOnRecompileLimitHit):
-        return f"more graphs than torch._dynamo.config.recompile_limit={torch._dynamo.config.recompile_limit}"
+        return f"it needed more than {limit} graphs (torch._dynamo.config.recompile_limit)"
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
 

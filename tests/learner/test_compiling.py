@@ -21,6 +21,13 @@ from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from .conftest import groups, lora_nano, three_steps
 
 
+@pytest.fixture(autouse=True)
+def fresh_compilation(monkeypatch):
+    """Each test compiles afresh: no graph of an earlier test counts towards dynamo's limit, no failure is remembered."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "_COMPILED", {})
+
+
 def _grads(model, rows, mode, checkpointing=False, precision="fp32", **kwargs):
     model.zero_grad(set_to_none=True)
     with compiled_layers(model, mode), checkpointed_layers(model, checkpointing), autocast(precision, rows[0].device):
@@ -78,7 +85,6 @@ def test_a_failed_compilation_runs_eagerly_from_then_on_said_in_one_line(tok, ca
         calls.append(1)
         raise Unsupported("injected: dynamo cannot trace this layer")
 
-    monkeypatch.setattr(compiling, "_COMPILED", {})
     monkeypatch.setattr(compiling.torch, "compile", lambda fn, **kwargs: broken)
     rows = groups(5)
     _assert_equal(_grads(model, rows, "default", share_prompts=False), _grads(model, rows, None, share_prompts=False),
@@ -93,17 +99,16 @@ def test_a_failed_compilation_runs_eagerly_from_then_on_said_in_one_line(tok, ca
 @pytest.mark.slow
 def test_a_layer_past_the_recompilation_limit_runs_eagerly_said_in_one_line(tok, capsys, monkeypatch):
     model = tiny_model(tok, size="nano", seed=0)
-    monkeypatch.setattr(compiling, "_COMPILED", {})
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setattr(compiling, "LAYER_GRAPHS", 1)
     rows = groups(6)
-    _grads(model, rows, "default", share_prompts=False)
-    with torch.no_grad():  # another kind of forward: a second graph, past the limit of 1
-        with compiled_layers(model, "default"):
+    with torch._dynamo.config.patch(recompile_limit=1):
+        _grads(model, rows, "default", share_prompts=False)
+        with torch.no_grad(), compiled_layers(model, "default"):  # another kind of forward: a second graph
             logp, _ = response_logprobs(model, *rows, share_prompts=False)
     torch.testing.assert_close(logp, response_logprobs(model, *rows, share_prompts=False)[0], atol=1e-5, rtol=0)
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpoplus:")]
-    assert err == ["grpoplus: note: learner.compile: compiling LlamaDecoderLayer failed (more graphs than "
-                   "torch._dynamo.config.recompile_limit=1); it runs eagerly from now on"]
+    assert err == ["grpoplus: note: learner.compile: compiling LlamaDecoderLayer failed (it needed more than 1 graphs "
+                   "(torch._dynamo.config.recompile_limit)); it runs eagerly from now on"]
 
 
 def test_compile_is_refused_in_one_line_under_routing_replay_and_an_moe_policy_stays_eager(tok, capsys):
