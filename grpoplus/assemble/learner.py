@@ -13,6 +13,7 @@ from grpoplus.algo import EntropyControl
 from grpoplus.assemble.factories import build_optimizer, build_policy, build_process
 from grpoplus.distributed.learner import LearnerParts, RankBuilders
 from grpoplus.learner.checkpointing import require_checkpointable
+from grpoplus.learner.compiling import check_compile
 from grpoplus.learner.packing import check_packing
 from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan
@@ -86,8 +87,10 @@ def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: t
     update = role.update
     if update.gradient_checkpointing:
         require_checkpointable(model)
-    return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model)},
-                       routing_spec=check_replay(update.routing_replay, model), reward_weights=rewards)
+    routing = check_replay(update.routing_replay, model)
+    compile_mode = check_compile(update.compile != "off", update.compile, model, routing is not None)
+    return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model),
+                          "compile": compile_mode or "off"}, routing_spec=routing, reward_weights=rewards)
 
 
 def build_rank_model(role: LearnerRolePlan, device: str | None = None, rank: int = 0) -> torch.nn.Module | None:

@@ -189,6 +189,15 @@ def _packing(cfg: Config) -> None:
                          "off, or algo.distill_loss=off")
 
 
+@rule("compile")
+def _compile(cfg: Config) -> None:
+    """Compiled learner layers (learner.compile) are not run under MoE routing replay, whose hooks act inside the
+    layers."""
+    if cfg.learner.compile and cfg.algo.routing_replay != "off":
+        raise ValueError(f"learner.compile=true compiles the decoder layers, inside which algo.routing_replay="
+                         f"{cfg.algo.routing_replay} replays the router's choices from Python hooks: set one of them off")
+
+
 @rule("packages")
 def _packages(cfg: Config) -> None:
     """The optional packages the run needs (loggers, engine, model format, math verifier) are installed."""

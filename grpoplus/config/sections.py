@@ -214,6 +214,19 @@ class LearnerConfig:
     padded rows. on: refused in one line where the model cannot pack (a recurrent or convolutional layer would carry
     one row's state into the next); auto: pack where proven, else pad, said once; off: pad. A packed forward computes
     every row's prompt (learner.share_prompts does not apply to it); learner.micro_batch_tokens then counts real tokens."""
+    compile: bool = False
+    """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their
+    forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention mask,
+    the chunked head and the loss stay eager. The same numbers as eager up to float rounding. Every row is then
+    computed whole (learner.share_prompts does not apply). The first update pays the compilation (about 20 s on a
+    CPU); one that fails mid-run leaves the layers eager, said in one line. Off by default: on the one CPU machine it
+    was measured on it gained at most 1.14x on the same rows, and lost to the default shared-prompt forward
+    (concepts/rollout-engines.md, Compiled learner layers). Refused with algo.routing_replay; an MoE policy's layers
+    stay eager."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode for learner.compile: default, or max-autotune-no-cudagraphs (longer compilation that
+    benchmarks kernel choices; a GPU's). CUDA graphs (reduce-overhead) are not offered: a training step's shapes
+    change every step."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's inputs from the training forward and recompute the layer in the backward:
     much less activation memory for one more forward of the body per update; the same numbers."""

@@ -17,6 +17,7 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
+from grpoplus.learner.compiling import compiled_layers
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast
@@ -50,6 +51,7 @@ class LearnerPlan:
     sharded: bool = False  # learner.strategy=fsdp2 over several ranks: every rank runs as many forwards
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: bool = False  # each forward's rows as one sequence without padding (grpoplus.learner.packing)
+    compile: str = "off"  # off, or the torch.compile mode of the decoder layers (grpoplus.learner.compiling)
 
     def __post_init__(self):
         if self.routing_replay not in REPLAY_MODES:
@@ -79,7 +81,7 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
     """No-grad log-probs [N, T] (and entropy) of the rollouts under ``model``, returned on the CPU;
     ``routing`` replays or records the MoE routing of its forwards."""
     device = compute_device(model)
-    with autocast(plan.precision, device):
+    with compiled_layers(model, plan.compile), autocast(plan.precision, device):
         logp, entropy = response_logprobs(model, rollouts.prompt_ids.to(device), rollouts.prompt_mask.to(device),
                                           rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                           temperature=plan.temperature, with_entropy=with_entropy,

@@ -19,6 +19,7 @@ import torch
 from grpoplus.algo import AGGREGATIONS, AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
 from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.compiling import compiled_graphs, compiled_layers
 from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
@@ -217,12 +218,14 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
         if ctx.teacher is None:
             raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher model in the update "
                              "(learner.teacher)")
-        with checkpointed_layers(ctx.model, plan.gradient_checkpointing), autocast(plan.precision, args[0].device):
+        with compiled_layers(ctx.model, plan.compile), checkpointed_layers(ctx.model, plan.gradient_checkpointing), \
+                autocast(plan.precision, args[0].device):
             return Forward(*hooks.forward(distill_forward, ctx.model, ctx.teacher, *args, temperature=plan.temperature,
                                           loss=algo.distill_loss, beta=algo.gjsd_beta,
                                           with_entropy=ctx.fused or algo.entropy_bonus))
     routing = training_routing(ctx.model, rows, plan, ctx.tally if mb.scale else None)
-    with checkpointed_layers(ctx.model, plan.gradient_checkpointing), trimmed_backward(ctx.model, plan.trim_every), \
+    with compiled_layers(ctx.model, plan.compile), checkpointed_layers(ctx.model, plan.gradient_checkpointing), \
+            trimmed_backward(ctx.model, plan.trim_every), \
             autocast(plan.precision, args[0].device):
         if algo.entropy_bonus:
             return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
@@ -286,6 +289,8 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     out = reduce_metrics(parts)
     out["optim/skipped_updates"] = float(skipped)
     out["optim/lr"] = optimizer.param_groups[0]["lr"]
+    if plan.compile != "off":
+        out["learner/compiled_graphs"] = float(compiled_graphs())
     if algo.entropy_bonus:
         out.update(control.metrics())
     return UpdateResult(out, None if entropy is None else entropy.cpu())

@@ -100,6 +100,7 @@ class UpdatePlan:
     sharded: bool
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: str = "off"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
+    compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,15 @@ def update_plan(cfg: Config) -> UpdatePlan:
     return UpdatePlan(1.0 if sft else cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
                       "forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
                       lrn.micro_batch_tokens, algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0,
-                      lrn.share_prompts, lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0,
-                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy", packing_mode(cfg))
+                      shares_prompts(cfg), lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0,
+                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy", packing_mode(cfg),
+                      lrn.compile_mode if lrn.compile else "off")
+
+
+def shares_prompts(cfg: Config) -> bool:
+    """``learner.share_prompts``, except under ``learner.compile``: the shared-prompt forward's key/value cache is
+    indexed by layer, so its layers run eagerly (grpoplus.learner.compiling); compiled, every row is computed whole."""
+    return cfg.learner.share_prompts and not cfg.learner.compile
 
 
 def packing_mode(cfg: Config) -> str:

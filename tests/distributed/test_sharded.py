@@ -68,6 +68,22 @@ def test_two_sharded_ranks_train_like_one_process(nano_dir, tmp_path, micro):  #
 
 
 @pytest.mark.slow
+def test_two_sharded_ranks_with_compiled_layers_train_like_one_eager_process(nano_dir, tmp_path):
+    common = ["--model", nano_dir, *SMALL, "max_steps=3", "save_every=0", "eval_every=0", "micro_batch_size=3"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _train(one, *common).returncode == 0
+    run = _train(two, *common, *FSDP2, "compile=true")  # each rank compiles its layers; FSDP2 gathers around them
+    assert run.returncode == 0, run.stderr[-2000:]
+    eager, compiled = read_metrics(one), read_metrics(two)
+    assert [r["step"] for r in eager] == [r["step"] for r in compiled]
+    trained = [(e, c) for e, c in zip(eager, compiled) if "loss/total" in e]
+    assert trained and all(c["learner/compiled_graphs"] > 0 for _, c in trained)
+    for e, c in trained:
+        for key in ("loss/total", "optim/grad_norm"):
+            assert c[key] == pytest.approx(e[key], rel=1e-5, abs=1e-7), (e["step"], key)
+
+
+@pytest.mark.slow
 def test_a_sharded_run_resumes_exactly_and_its_checkpoint_resumes_in_one_process(nano_dir, tmp_path):
     common = ["--model", nano_dir, *SMALL, "micro_batch_size=2", "beta=0.02"]
     whole, killed, other = tmp_path / "whole", tmp_path / "killed", tmp_path / "other"

@@ -22,7 +22,8 @@ from grpoplus.learner.update import optimizer_step
 from grpoplus.models.families import tiny_family_model
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.plan import resolve
-from grpoplus.trainer import train
+
+from .conftest import lora_nano, three_steps
 
 PROMPT_LENS = [9, 5, 3, 9, 7, 4, 2, 6]
 RESPONSE_LENS = [12, 2, 7, 1, 10, 5, 12, 3]
@@ -187,13 +188,7 @@ def test_moe_routing_replay_packs_to_the_padded_routing_and_log_probs(tok):
 
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install -e '.[lora]'")
 def test_lora_packs_to_the_padded_gradients(tok):
-    from grpoplus.models.lora import add_lora
-
-    torch.manual_seed(0)
-    model = add_lora(tiny_model(tok, size="nano", seed=0), 4, 8.0, 0.0, ["all-linear"])
-    for p in model.parameters():  # B = 0 at the start would give A no gradient to compare
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=0.1)
+    model = lora_nano(tok)
     rows = _rows(tok, seed=2)
     logp, _, grads = _grads(model, rows, share_prompts=False)
     logp_p, _, grads_p = _grads(model, rows, packing=True)
@@ -214,11 +209,8 @@ def test_packing_on_is_refused_with_a_distillation_loss_and_auto_pads_there():
 def test_a_few_training_steps_packed_give_the_padded_losses(tmp_path):
     records = {}
     for packing in ("off", "on"):
-        cfg = build_config("grpo", overrides=[
-            "model=tiny-untrained", f"out={tmp_path / packing}", "max_steps=3", "prompts_per_step=2", "group_size=4",
-            "max_new_tokens=12", "eval_size=2", "eval_samples=1", "progress=false", "loggers=[]", "doctor_every=0",
-            "micro_batch_size=8", "num_minibatches=1", "lr=1e-3", "threads=1", "save_every=0", f"packing={packing}"])
-        records[packing] = [r for r in train(cfg) if r["step"] > 0 and "loss/total" in r]
+        records[packing] = three_steps(tmp_path / packing, "model=tiny-untrained", "micro_batch_size=8",
+                                       f"packing={packing}")
     assert len(records["on"]) == len(records["off"]) == 3
     for off, on in zip(records["off"], records["on"]):
         assert on["length/mean"] == off["length/mean"]  # the same rollouts: the weights stayed within fp32 rounding
