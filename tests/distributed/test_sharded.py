@@ -72,7 +72,7 @@ def test_two_sharded_ranks_with_compiled_layers_train_like_one_eager_process(nan
     common = ["--model", nano_dir, *SMALL, "max_steps=3", "save_every=0", "eval_every=0", "micro_batch_size=3"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert _train(one, *common).returncode == 0
-    run = _train(two, *common, *FSDP2, "compile=true")  # each rank compiles its layers; FSDP2 gathers around them
+    run = _train(two, *common, *FSDP2, "learner.compile=true")  # each rank compiles its layers; FSDP2 gathers around them
     assert run.returncode == 0, run.stderr[-2000:]
     eager, compiled = read_metrics(one), read_metrics(two)
     assert [r["step"] for r in eager] == [r["step"] for r in compiled]

@@ -113,7 +113,7 @@ def test_a_layer_past_the_recompilation_limit_runs_eagerly_said_in_one_line(tok,
 
 def test_compile_is_refused_in_one_line_under_routing_replay_and_an_moe_policy_stays_eager(tok, capsys):
     with pytest.raises(ValueError, match="^learner.compile=true compiles the decoder layers, inside which"):
-        build_config("grpo", overrides=["compile=true", "model=tiny-moe", "routing_replay=r3"])
+        build_config("grpo", overrides=["learner.compile=true", "model=tiny-moe", "routing_replay=r3"])
     capsys.readouterr()
     assert check_compile(True, "default", tiny_moe_model(tok, size="moe-nano"), routing=True) is None
     assert capsys.readouterr().err.startswith("grpoplus: note: learner.compile=true runs this model's layers eagerly")
@@ -128,7 +128,7 @@ def test_a_few_training_steps_compiled_give_the_eager_losses(tmp_path):
     # turns that ~1e-8 gradient into a full-size step: a rounding difference, amplified, not compile's error.
     records = {}
     for compile_ in ("false", "true"):
-        records[compile_] = three_steps(tmp_path / compile_, "beta=0", "micro_batch_size=4", f"compile={compile_}")
+        records[compile_] = three_steps(tmp_path / compile_, "beta=0", "micro_batch_size=4", f"learner.compile={compile_}")
     assert len(records["true"]) == len(records["false"]) == 3
     for off, on in zip(records["false"], records["true"]):
         assert on["length/mean"] == off["length/mean"]  # the same rollouts: the weights stayed within fp32 rounding
