@@ -98,6 +98,11 @@ def test_the_chunked_head_is_used_exactly_where_it_equals_the_models_logits(fami
     torch.testing.assert_close(fast * rmask, logits_path * rmask, atol=TOL, rtol=0)
 
 
+VERSION_DEPENDENT = {"llama4_text"}
+"""Families whose packed forward equals the padded one on some transformers releases only: llama4_text's chunked
+attention counts its chunks over the packed sequence on 5.19 (differs) and per row on 5.24 (equal)."""
+
+
 def test_packed_micro_batches_give_the_padded_numbers_exactly_where_the_architecture_packs(family, tok):
     """Each family is tried packed: those of PACKED_MODEL_TYPES equal the padded forward (log-probs, entropy,
     gradient), every other one differs (a row's recurrent state or chunk count runs into the next) and is refused."""
@@ -113,8 +118,11 @@ def test_packed_micro_batches_give_the_padded_numbers_exactly_where_the_architec
     model.zero_grad(set_to_none=True)
     (logp, entropy, grads), (logp_p, entropy_p, grads_p) = out
     equal = bool((logp_p - logp).abs().max() < TOL)
-    assert equal == (name in PACKED_MODEL_TYPES), f"{name}: packed equal to padded: {equal}"
-    if not equal:
+    if name in VERSION_DEPENDENT:  # kept off the list: packs on some transformers releases only
+        assert name not in PACKED_MODEL_TYPES
+    else:
+        assert equal == (name in PACKED_MODEL_TYPES), f"{name}: packed equal to padded: {equal}"
+    if name not in PACKED_MODEL_TYPES:
         with pytest.raises(ValueError, match=f"^learner.packing=on cannot pack this model: a {name} model is not"):
             check_packing("on", model)
         return

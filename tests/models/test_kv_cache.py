@@ -46,8 +46,8 @@ def test_a_cached_prefill_matches_the_plain_forward_without_a_deprecation_warnin
             plain = model(input_ids=ids, attention_mask=mask).logits[:, -1]
             # the cache is filled: one more token through it equals the forward over the 6 tokens
             nxt = torch.full((2, 1), 3)
-            step = model(input_ids=nxt, attention_mask=torch.ones(2, 6, dtype=torch.long), position_ids=state.next_pos,
-                         **cache_kwargs(model, state.cache), use_cache=True).logits[:, -1]
+            step = model(input_ids=nxt, attention_mask=torch.ones(2, 6, dtype=torch.long), position_ids=state.batch.next_pos,
+                         **cache_kwargs(model, state.batch.cache), use_cache=True).logits[:, -1]
             full = model(input_ids=torch.cat([ids, nxt], 1)).logits[:, -1]
     assert torch.allclose(state.logits, plain, atol=1e-5)
     assert torch.allclose(step, full, atol=1e-5)
