@@ -45,8 +45,7 @@ def _eval(args) -> int:
     from grpoplus.config import build_config, describe_keys
     from grpoplus.trainer import evaluate_only
 
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
-    cfg = build_config(args.preset, args.config, [*overrides, *args.overrides])
+    cfg = build_config(args.preset, args.config, flag_overrides(args))
     if args.help_config:
         print(describe_keys(cfg))
         return 0
@@ -55,6 +54,12 @@ def _eval(args) -> int:
     print(f"grpoplus eval: {record['model']} on {record['examples']} held-out examples of {record['task']}: {shown} "
           f"({cfg.run.out}/eval.json)")
     return 0
+
+
+def flag_overrides(args) -> list[str]:
+    """The command line's flags as their config keys (``--model X``: ``learner.model=X``), then its key=value words."""
+    given = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
+    return [*given, *args.overrides]
 
 
 def _run_flags(p) -> None:
@@ -81,8 +86,7 @@ def _train(args) -> int:
     from grpoplus.api import Trainer
     from grpoplus.config import build_config, describe_keys
 
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None]
-    overrides += list(args.overrides)
+    overrides = flag_overrides(args)
     if args.help_config:
         print(describe_keys(build_config(args.preset, args.config, overrides)))
         return 0
