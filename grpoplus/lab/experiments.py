@@ -8,6 +8,7 @@ tokens, accuracy fractions); ``regime`` says why the control arm can show the fa
 
 from __future__ import annotations
 
+from grpoplus.config.sections import RolloutConfig
 from grpoplus.lab.experiment import Arm, Check, Comparison, Experiment, Measure, Rule, register
 
 
@@ -221,7 +222,7 @@ register(Experiment(
 _TEACHER_MARGIN = Measure("tail_minus_initial", "teacher's correct share minus the student's held-out accuracy at "
                           "step 0", {"key": "sft/demo_model_correct_frac", "base": "eval/accuracy"})
 _ALL_WRONG = Measure("tail_mean", "mean groups/all_wrong_frac over the run", {"key": "groups/all_wrong_frac", "frac": 1.0})
-_SEQUENCES = 32 * 8  # the default rollout batch: prompts_per_step x group_size
+_SEQUENCES = RolloutConfig.prompts_per_step * RolloutConfig.group_size  # the default rollout batch (32 x 8)
 
 
 def _beats_rl(arm: str, what: str) -> Comparison:
