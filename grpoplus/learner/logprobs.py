@@ -29,6 +29,7 @@ from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
+SAVED_SOFTMAX_BYTES = 256 << 20  # a head's whole [tokens, V] softmax is kept for its backward up to this size
 
 HEAD_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmo3", "phi3", "smollm3",
@@ -54,11 +55,12 @@ class ChunkedHeadLogProb(torch.autograd.Function):
 
     Forward: hidden [M, H], weight [V, H], tokens [M] long -> (logp [M], entropy [M] (no
     grad) or None), float32 (float64 for float64 inputs). Per chunk of rows, ``z = h W^T / T``,
-    ``logp = z[tok] - logsumexp(z)``; only the [M] logsumexp is saved.
-    Backward: ``d logp / d z = onehot(tok) - softmax(z)``; with ``g`` the incoming
-    gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``, each chunk's
-    ``z`` recomputed. A tied head (``weight`` is the embedding) gets its gradient added
-    to the embedding's by autograd, as the parameter is the same tensor.
+    ``logp = z[tok] - logsumexp(z)``. Backward: ``d logp / d z = onehot(tok) - softmax(z)``; with
+    ``g`` the incoming gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``.
+    The chunks' softmax is kept for the backward where all of it takes at most :data:`SAVED_SOFTMAX_BYTES`
+    (a fourth of the head's matmuls saved: the logits are not computed again), else only the [M] logsumexp
+    is and each chunk's ``z`` is recomputed. A tied head (``weight`` is the embedding) gets its gradient
+    added to the embedding's by autograd, as the parameter is the same tensor.
     """
 
     @staticmethod
@@ -68,12 +70,18 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         logp = hidden.new_empty(hidden.shape[0], dtype=work)  # [M]
         lse = torch.empty_like(logp)  # [M]
         entropy = torch.empty_like(logp) if with_entropy else None
+        keep = hidden.shape[0] * weight.shape[0] * lse.element_size() <= SAVED_SOFTMAX_BYTES
+        ctx.probs = [] if keep else None  # each chunk's softmax [c, V], for the backward
         for rows in row_slices(hidden.shape[0], weight.shape[0]):
             z = (hidden[rows] @ weight.T).to(work).div_(temperature)  # [c, V]
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
-            if with_entropy:  # H = logsumexp(z) - sum_v p_v z_v
-                entropy[rows] = lse[rows] - (z - lse[rows, None]).exp_().mul_(z).sum(-1)
+            if keep or with_entropy:
+                p = z.sub_(lse[rows, None]).exp_()  # softmax(z), in place
+                if with_entropy:  # H = -sum_v p_v log p_v
+                    entropy[rows] = -torch.special.xlogy(p, p).sum(-1)
+                if keep:
+                    ctx.probs.append(p)
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.temperature = temperature
         ctx.autocast = _autocast_state(hidden.device.type)
@@ -84,21 +92,25 @@ class ChunkedHeadLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None):
         hidden, weight, tokens, lse = ctx.saved_tensors
+        probs, ctx.probs = ctx.probs, None  # consumed in place; a second backward recomputes them
         need_h, need_w = ctx.needs_input_grad[:2]
         d_hidden = torch.empty_like(hidden) if need_h else None  # [M, H]
-        d_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None  # [V, H]
-        for rows in row_slices(hidden.shape[0], weight.shape[0]):
+        d_weight = None  # [V, H], accumulated in float32 whatever the forward's precision
+        for i, rows in enumerate(row_slices(hidden.shape[0], weight.shape[0])):
             h = hidden[rows]  # [c, H]
-            with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
-                z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
-            dz = (z - lse[rows, None]).exp_().neg_()  # -softmax(z)
+            if probs is not None:
+                dz = probs[i].neg_()  # -softmax(z)
+            else:
+                with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
+                    z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
+                dz = z.sub_(lse[rows, None]).exp_().neg_()
             dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
             dz.mul_(grad_logp[rows, None] / ctx.temperature)
             if need_h:
                 with autocast_to(ctx.autocast, hidden.device):
                     d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:  # accumulated in float32 whatever the forward's precision
-                d_weight.addmm_(dz.T, h.to(lse.dtype))
+            if need_w:
+                d_weight = dz.T @ h.to(lse.dtype) if d_weight is None else d_weight.addmm_(dz.T, h.to(lse.dtype))
         return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
 
@@ -101,7 +102,9 @@ def load_policy(
 
 def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | None = None):
     """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
-    the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves."""
+    the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves. Grouped key/value
+    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`)."""
+    use_cpu_gqa()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token

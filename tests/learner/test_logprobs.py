@@ -113,11 +113,13 @@ def test_mismatched_shapes_are_rejected(setup):
         response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0)
 
 
+@pytest.mark.parametrize("saved_bytes", [0, 1 << 30])  # softmax recomputed in backward / kept from the forward
 @pytest.mark.parametrize("chunk_elements", [1, 7 * 11, 1 << 24])  # one row, 7 rows (a ragged last chunk), all
-def test_chunked_head_gradient_equals_autograd_in_float64(monkeypatch, chunk_elements):
+def test_chunked_head_gradient_equals_autograd_in_float64(monkeypatch, chunk_elements, saved_bytes):
     # The head path's custom backward, d hidden = dz W and d W = dz^T h with
     # dz = g (onehot - softmax(z)) / T, equals autograd through the full [M, V] log_softmax.
     monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(logprobs_mod, "SAVED_SOFTMAX_BYTES", saved_bytes)
     gen = torch.Generator().manual_seed(0)
     M, H, V, T = 23, 5, 11, 0.7
     hidden = torch.randn(M, H, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -136,6 +138,20 @@ def test_chunked_head_gradient_equals_autograd_in_float64(monkeypatch, chunk_ele
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
     assert torch.autograd.gradcheck(lambda h, w: logprobs_mod.ChunkedHeadLogProb.apply(h, w, tokens, T, False)[0],
                                     (hidden, weight))
+
+
+def test_kept_softmax_survives_a_second_backward(monkeypatch):
+    # The kept softmax is consumed in place by the first backward; a second one (retain_graph) recomputes it.
+    monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", 3 * 11)
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(8, 5, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 5, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 11, (8,), generator=gen)
+    logp, _ = logprobs_mod.ChunkedHeadLogProb.apply(hidden, weight, tokens, 0.9, False)
+    first = torch.autograd.grad(logp.sum(), (hidden, weight), retain_graph=True)
+    second = torch.autograd.grad(logp.sum(), (hidden, weight))
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def _largest_tensor(fn) -> int:
