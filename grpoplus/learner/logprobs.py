@@ -76,12 +76,13 @@ class ChunkedHeadLogProb(torch.autograd.Function):
             z = (hidden[rows] @ weight.T).to(work).div_(temperature)  # [c, V]
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
-            if keep or with_entropy:
+            if with_entropy:  # H = logsumexp(z) - sum_v p_v z_v (a batched dot: no [c, V] product)
+                p = (z - lse[rows, None]).exp_()  # softmax(z)
+                entropy[rows] = lse[rows] - torch.bmm(p[:, None], z[:, :, None]).view(-1)
+            elif keep:
                 p = z.sub_(lse[rows, None]).exp_()  # softmax(z), in place
-                if with_entropy:  # H = -sum_v p_v log p_v
-                    entropy[rows] = -torch.special.xlogy(p, p).sum(-1)
-                if keep:
-                    ctx.probs.append(p)
+            if keep:
+                ctx.probs.append(p)
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.temperature = temperature
         ctx.autocast = _autocast_state(hidden.device.type)
