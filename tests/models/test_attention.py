@@ -5,6 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations import sdpa_attention
 
+from grpoplus.models import attention
 from grpoplus.models.attention import use_cpu_gqa
 
 
@@ -28,7 +29,8 @@ def _loss_and_grads(model):
 
 @pytest.fixture
 def counted_copies(monkeypatch):
-    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", sdpa_attention.use_gqa_in_sdpa)  # restored after
+    # transformers' own decision for the test (a model loaded earlier in the process installed grpoplus's), restored after
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", attention._ORIGINAL)
     calls = []
     original = sdpa_attention.repeat_kv
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: calls.append(n) or original(x, n))
@@ -49,7 +51,7 @@ def test_cpu_gqa_drops_the_copies_and_keeps_outputs_and_gradients(counted_copies
 
 
 def test_other_devices_keep_transformers_decision(counted_copies):
-    original = sdpa_attention.use_gqa_in_sdpa
+    original = attention._ORIGINAL
     use_cpu_gqa()
     key = torch.empty(1, 2, 5, 8, device="meta")
     mask = torch.ones(1, 1, 5, 5, dtype=torch.bool, device="meta")
