@@ -6,8 +6,11 @@ with its held-out greedy accuracy, the share of held-out trajectories that calle
 
 - ``sft``: ``grpoplus sft --demos wordproblems-calculator`` (each training problem solved with one calculator call
   per worked step, then the answer line);
-- ``sft+rl``: ``grpoplus train --model <the sft checkpoint>`` with the calculator;
+- ``sft+rl``: ``grpoplus train --model <the sft checkpoint>`` with the calculator (24 steps of 4 x 4 trajectories,
+  lr 1e-5, the settings in ``RL_EXTRA``);
 - ``rl``: ``grpoplus train --model smollm2`` with the calculator, the same RL settings.
+
+Every evaluation is greedy on the same 128 held-out problems of the seed's split.
 
 ::
 
@@ -23,8 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = ["--task", "wordproblems", "tools=[calculator]", "max_turns=5", "max_new_tokens=40", "eval_size=32",
-         "eval_samples=0", "progress=false", "loggers=[]", "overwrite=true"]
+TOOLS = ["--task", "wordproblems", "tools=[calculator]", "max_turns=5", "max_new_tokens=40", "eval_samples=0",
+         "progress=false", "loggers=[]", "overwrite=true"]
+# the dapo preset's clip-higher and token-mean loss, two updates per batch of 16 trajectories (4 x 4); no resampling
+# of all-equal groups and no length shaping (a trajectory's turns add up past max_new_tokens)
+RL_EXTRA = ["dynamic_sampling=false", "overlong_shaping=false", "num_minibatches=2"]
 
 
 def run(args: list[str], log: Path) -> float:
@@ -50,17 +56,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/tools"))
     parser.add_argument("--sft-steps", type=int, default=15)
-    parser.add_argument("--rl-steps", type=int, default=8)
+    parser.add_argument("--rl-steps", type=int, default=24)
+    parser.add_argument("--rl-preset", default="dapo")
+    parser.add_argument("--rl-lr", default="1e-5")
+    parser.add_argument("--rl-extra", nargs="*", default=RL_EXTRA, help="more key=value words for both RL arms")
+    parser.add_argument("--eval-size", type=int, default=128, help="held-out problems of every arm's evaluations")
     parser.add_argument("--arms", nargs="+", default=["sft", "sft+rl", "rl"])
     a = parser.parse_args(argv)
-    rl = ["--preset", "dr_grpo", "prompts_per_step=4", "group_size=4", "lr=5e-6", f"max_steps={a.rl_steps}",
-          "eval_every=0", "save_every=0"]
+    rl = ["--preset", a.rl_preset, "prompts_per_step=4", "group_size=4", f"lr={a.rl_lr}", f"max_steps={a.rl_steps}",
+          "eval_every=0", "save_every=0", f"eval_size={a.eval_size}", *a.rl_extra]
     for seed in a.seeds:
         base = a.out / f"seed{seed}"
         base.mkdir(parents=True, exist_ok=True)
         sft_dir = base / "sft"
         arms = {"sft": ["sft", "--model", "smollm2", "--demos", "wordproblems-calculator", "demos_per_step=8",
-                        f"max_steps={a.sft_steps}", "lr=5e-5", "eval_every=0", "eval_demos=16"],
+                        f"max_steps={a.sft_steps}", "lr=5e-5", "eval_every=0", "eval_demos=16",
+                        f"eval_size={a.eval_size}"],
                 "sft+rl": ["train", "--model", str(sft_dir / "checkpoints" / f"step-{a.sft_steps}"), *rl],
                 "rl": ["train", "--model", "smollm2", *rl]}
         for arm in a.arms:
