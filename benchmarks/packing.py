@@ -30,7 +30,7 @@ from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.update import optimizer_step
 
 ARMS = {"padded+shared": dict(share_prompts=True), "padded": dict(share_prompts=False),
-        "packed": dict(share_prompts=False, packing=True)}
+        "packed": dict(share_prompts=False, packing=True), "auto": dict(share_prompts=True, packing="auto")}
 
 
 def load(name: str):

@@ -211,9 +211,12 @@ class LearnerConfig:
     packing: Literal["auto", "on", "off"] = "off"
     """Packed micro-batches: the rows of each learner forward as one sequence of their real tokens, each row
     attending only to itself (restarting position ids), so no padding token enters any layer; the same numbers as
-    padded rows. on: refused in one line where the model cannot pack (a recurrent or convolutional layer would carry
-    one row's state into the next); auto: pack where proven, else pad, said once; off: pad. A packed forward computes
-    every row's prompt (learner.share_prompts does not apply to it); learner.micro_batch_tokens then counts real tokens."""
+    padded rows. on: every micro-batch packed, refused in one line where the model cannot pack (a recurrent or
+    convolutional layer would carry one row's state into the next); auto: each micro-batch packed where that computes
+    fewer FLOPs than padding it (estimated from its lengths, its shared prompts and the attention's cost: GRPO's
+    equal-length groups pad, widely varying lengths pack; learner/packed_frac says how many did), padded where the
+    model cannot pack (said once) and on a sharded learner; off: pad. A packed forward computes every row's prompt
+    (learner.share_prompts does not apply to it); with on, learner.micro_batch_tokens counts real tokens."""
     compile: bool = False
     """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their
     forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention mask,

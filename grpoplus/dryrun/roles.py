@@ -159,7 +159,7 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
         notes.append(f"teacher {teacher.name!r} predicts over {teacher.arch.vocab} rows, the policy over "
                      f"{policy.arch.vocab}: fine when both have one tokenizer (the rows past it are padding); the run "
                      "compares the tokenizers when it starts")
-    if lrn.packing != "off" and lrn.share_prompts:
+    if lrn.packing == "on" and lrn.share_prompts:
         notes.append(f"learner.packing={lrn.packing}: a packed forward computes every row's prompt (no padding, but "
                      "learner.share_prompts does not apply to it); where responses are all about one length, "
                      "learner.packing=off with shared prompts computes fewer tokens")

@@ -23,7 +23,7 @@ from functools import partial
 import torch
 
 from grpoplus.containers import Rollouts
-from grpoplus.learner.packing import PackedRows, pack_rows
+from grpoplus.learner.packing import PackedRows, pack_rows, packing_pays
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
@@ -246,8 +246,10 @@ def trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask, min_res
 def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
                   routing=None, share_prompts=False, packing=False):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed,
-    or (``packing``) every padding token left out."""
+    or (``packing``: True, or "auto" where it computes less) every padding token left out."""
     n, T = response_ids.shape
+    if packing == "auto":  # packed where that computes less (grpoplus.learner.packing.packing_pays)
+        packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False)
     # share_prompts="always": two body passes whatever the rows (see response_logprobs)
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(
         prompt_ids, prompt_mask, response_ids, response_mask,
@@ -285,7 +287,7 @@ def response_logprobs(model: torch.nn.Module, *args, **kwargs) -> tuple[torch.Te
 def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
-                share_prompts: bool | str = True, packing: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                share_prompts: bool | str = True, packing: bool | str = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -306,6 +308,8 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
             "always": the prompt pass and the response pass even when no two rows share a prompt (and over at
             least two response columns where the batch has them), so every forward runs the body as often
             whatever its rows: a sharded learner's ranks must (grpoplus.distributed.sharding).
+        packing: each forward's rows as one sequence of their real tokens (:mod:`grpoplus.learner.packing`);
+            "auto": each forward packed where that computes less (:func:`grpoplus.learner.packing.packing_pays`).
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpoplus.learner.checkpointing import checkpointable_layers
+
 PACKED_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "olmo3", "smollm3", "glm4", "granite", "gemma3_text",
     "gemma4_text", "qwen3_moe", "glm4_moe", "deepseek_v3"})
@@ -78,16 +80,18 @@ def packing_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
-def check_packing(mode: str, model: torch.nn.Module) -> bool:
-    """Whether the learner packs ``model``'s micro-batches: ``off`` never; ``on`` where it can, else a one-line
-    ``ValueError``; ``auto`` where it can, else one line on stderr and padded micro-batches."""
+def check_packing(mode: str, model: torch.nn.Module, sharded: bool = False) -> bool | str:
+    """How the learner packs ``model``'s micro-batches: ``off`` never (False); ``on`` always where it can (True), else
+    a one-line ``ValueError``; ``auto`` where it can ("auto": each micro-batch packed where that computes less,
+    :func:`packing_pays`), else one line on stderr and padded micro-batches (False). A sharded learner's ranks must run
+    the same passes on different rows, so there ``auto`` pads (False) and ``on`` packs every micro-batch."""
     if mode not in PACKING_MODES:
         raise ValueError(f"learner.packing={mode!r} is not one of {', '.join(PACKING_MODES)}")
     if mode == "off":
         return False
     why = packing_refusal(model)
     if why is None:
-        return True
+        return True if mode == "on" else False if sharded else "auto"
     if mode == "on":
         raise ValueError(f"learner.packing=on cannot pack this model: {why}; set learner.packing=auto or off")
     import sys
@@ -96,22 +100,92 @@ def check_packing(mode: str, model: torch.nn.Module) -> bool:
     return False
 
 
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
+"""Attention implementations whose packed forward computes each row's block alone (the others score the whole packed
+sequence against itself under a block mask)."""
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """A forward's estimated work per decoder layer: ``tokens`` through its linear layers, ``scores`` of attention."""
+
+    tokens: int
+    scores: int
+
+    def flops(self, per_token: float, per_score: float) -> float:
+        return self.tokens * per_token + self.scores * per_score
+
+
+def padded_cost(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: torch.Tensor,
+                share_prompts: bool | str) -> ForwardCost:
+    """The padded forward's work: prompt and response columns that are padding in every row trimmed; with shared
+    prompts (where rows share one), each distinct prompt once and every response against it."""
+    p, t = _trimmed(prompt_mask), _trimmed(response_mask, left=False)
+    n = len(prompt_mask)
+    if share_prompts and p:
+        rows = torch.cat([prompt_ids * prompt_mask, prompt_mask], 1)
+        distinct = len(torch.unique(rows, dim=0))
+        if distinct < n or share_prompts == "always":
+            return ForwardCost(distinct * p + n * t, distinct * p * p + n * t * (p + t))
+    return ForwardCost(n * (p + t), n * (p + t) ** 2)
+
+
+def packed_cost(prompt_mask: torch.Tensor, response_mask: torch.Tensor, varlen: bool) -> ForwardCost:
+    """The packed forward's work: every row's real tokens once; attention over each row's block (``varlen``) or over
+    the whole packed sequence under a block mask."""
+    lengths = prompt_mask.sum(1) + response_mask.sum(1)
+    total = int(lengths.sum())
+    return ForwardCost(total, int((lengths * lengths).sum()) if varlen else total * total)
+
+
+def layer_flops(model: torch.nn.Module) -> tuple[float, float, bool]:
+    """(FLOPs per token through one decoder layer's weights, FLOPs per attention score, whether its packed attention
+    is varlen): 2 per weight (every weight counted, experts included), 4 x heads x head dim per score."""
+    config = model.config
+    layers = checkpointable_layers(model)
+    weights = sum(p.numel() for p in layers[0].parameters()) if layers else \
+        sum(p.numel() for p in model.parameters()) / max(1, getattr(config, "num_hidden_layers", 1))
+    heads = getattr(config, "num_attention_heads", 1)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2.0 * weights, 4.0 * heads * head_dim, getattr(config, "_attn_implementation", None) in VARLEN_ATTENTION
+
+
+def packing_pays(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 response_mask: torch.Tensor, share_prompts: bool | str) -> bool:
+    """Whether packing these rows computes fewer FLOPs than padding them (``learner.packing=auto``, per micro-batch):
+    packing drops the padding, but computes every row's prompt (shared prompts compute a group's once) and, without a
+    varlen attention, scores the packed sequence against itself under a block mask."""
+    per_token, per_score, varlen = layer_flops(model)
+    packed = packed_cost(prompt_mask, response_mask, varlen).flops(per_token, per_score)
+    return packed < padded_cost(prompt_ids, prompt_mask, response_mask, share_prompts).flops(per_token, per_score)
+
+
+def _trimmed(mask: torch.Tensor, left: bool = True) -> int:
+    """Columns of ``mask`` left once those that are padding in every row are cut (left-padded prompts from the left,
+    right-padded responses from the right)."""
+    real = mask.bool().any(0).nonzero()
+    if not len(real):
+        return 0
+    return mask.shape[1] - int(real[0]) if left else int(real[-1]) + 1
+
+
 def trimmed_width(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> int:
     """Columns of the padded forward over these rows: prompt and response columns that are padding in every row
     trimmed (:func:`grpoplus.learner.logprobs.trimmed_inputs`)."""
-    prompt = prompt_mask.bool().any(0).nonzero()
-    response = response_mask.bool().any(0).nonzero()
-    return (prompt_mask.shape[1] - int(prompt[0]) if len(prompt) else 0) + (int(response[-1]) + 1 if len(response) else 0)
+    return _trimmed(prompt_mask) + _trimmed(response_mask, left=False)
 
 
 def padding_metrics(prompt_mask: torch.Tensor, response_mask: torch.Tensor, micro_batches: list[torch.Tensor],
-                    packed: bool) -> dict[str, float]:
-    """``learner/pad_frac``: the share of padding among the tokens the micro-batches' forwards hold (0 packed);
-    ``learner/pad_frac_padded``: the same micro-batches padded."""
-    real = padded = 0
-    for idx in micro_batches:
+                    packed: bool | list[bool]) -> dict[str, float]:
+    """``learner/pad_frac``: the share of padding among the tokens the micro-batches' forwards hold (0 in a packed
+    one); ``learner/pad_frac_padded``: the same micro-batches all padded; ``learner/packed_frac``: the share of the
+    micro-batches packed (``packed``: all, none, or one flag per micro-batch)."""
+    flags = packed if isinstance(packed, list) else [bool(packed)] * len(micro_batches)
+    real = padded = held = 0
+    for idx, pack in zip(micro_batches, flags):
         p, r = prompt_mask[idx], response_mask[idx]
-        real += int(p.sum() + r.sum())
-        padded += len(idx) * trimmed_width(p, r)
-    frac = 1.0 - real / padded if padded else 0.0
-    return {"learner/pad_frac": 0.0 if packed else frac, "learner/pad_frac_padded": frac}
+        tokens, width = int(p.sum() + r.sum()), len(idx) * trimmed_width(p, r)
+        real, padded, held = real + tokens, padded + width, held + (tokens if pack else width)
+    return {"learner/pad_frac": 1.0 - real / held if held else 0.0,
+            "learner/pad_frac_padded": 1.0 - real / padded if padded else 0.0,
+            "learner/packed_frac": sum(flags) / len(flags) if flags else 0.0}

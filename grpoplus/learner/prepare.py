@@ -50,7 +50,7 @@ class LearnerPlan:
     precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)
     sharded: bool = False  # learner.strategy=fsdp2 over several ranks: every rank runs as many forwards
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
-    packing: bool = False  # each forward's rows as one sequence without padding (grpoplus.learner.packing)
+    packing: bool | str = False  # forwards' rows as one sequence without padding: True, or "auto" where that computes less
     compile: str = "off"  # off, or the torch.compile mode of the decoder layers (grpoplus.learner.compiling)
 
     def __post_init__(self):

@@ -25,7 +25,7 @@ from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
-from grpoplus.learner.packing import padding_metrics
+from grpoplus.learner.packing import packing_pays, padding_metrics
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.prepare import LearnerPlan, forward_sharing
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
@@ -48,7 +48,7 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
     little padding computed) or ``micro_batch_size`` rows in order."""
     if plan.micro_batch_tokens:
         lengths = torch.stack([batch.prompt_mask.sum(1), batch.response_mask.sum(1)], 1).long().cpu()
-        return plan_micro_batches(lengths, plan.micro_batch_tokens, packed=plan.packing)
+        return plan_micro_batches(lengths, plan.micro_batch_tokens, packed=plan.packing is True)
     return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
@@ -141,10 +141,21 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics((metrics, weight) for metrics, weight, *_ in parts)
     out.update(losses)
-    out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, plan.packing))
+    out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, _packed(ctx, batch, planned)))
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, _entropy(parts, batch.response_mask) if ctx.measures_entropy else None
+
+
+def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) -> bool | list[bool]:
+    """Whether the micro-batches' forwards were packed: the plan's answer, or under ``learner.packing=auto`` each
+    micro-batch's (the forward decides as here: prompts shared only on the plain head path)."""
+    plan = ctx.plan
+    if plan.packing != "auto":
+        return bool(plan.packing)
+    share = forward_sharing(plan) if plan.routing_spec is None and not ctx.algo.entropy_bonus else False
+    return [packing_pays(ctx.model, batch.prompt_ids[idx], batch.prompt_mask[idx], batch.response_mask[idx], share)
+            for idx in planned]
 
 
 def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:

@@ -15,7 +15,7 @@ from grpoplus.containers import TrainBatch
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
-from grpoplus.learner.packing import check_packing, pack_rows, padding_metrics
+from grpoplus.learner.packing import check_packing, pack_rows, packing_pays, padding_metrics
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import LearnerRouting, input_mask
 from grpoplus.learner.update import optimizer_step
@@ -128,11 +128,11 @@ def test_the_padding_fraction_before_and_after_packing():
     rm = torch.tensor([[1, 1, 1], [1, 0, 0]])
     # one micro-batch: real 2 + 1 + 3 + 1 = 7 of 2 rows x 5 columns = 10 -> 0.3 padding
     assert padding_metrics(pm, rm, [torch.tensor([0, 1])], packed=False) == pytest.approx(
-        {"learner/pad_frac": 0.3, "learner/pad_frac_padded": 0.3})
+        {"learner/pad_frac": 0.3, "learner/pad_frac_padded": 0.3, "learner/packed_frac": 0.0})
     # each row alone: 5 of 5 and 2 of 2 columns (trimmed) -> no padding
     assert padding_metrics(pm, rm, [torch.tensor([0]), torch.tensor([1])], packed=False)["learner/pad_frac"] == 0.0
     assert padding_metrics(pm, rm, [torch.tensor([0, 1])], packed=True) == pytest.approx(
-        {"learner/pad_frac": 0.0, "learner/pad_frac_padded": 0.3})
+        {"learner/pad_frac": 0.0, "learner/pad_frac_padded": 0.3, "learner/packed_frac": 1.0})
 
 
 def _batch(tok, seed=0):
@@ -217,3 +217,75 @@ def test_a_few_training_steps_packed_give_the_padded_losses(tmp_path):
         assert on["loss/total"] == pytest.approx(off["loss/total"], rel=1e-4, abs=1e-6)
         assert on["optim/grad_norm"] == pytest.approx(off["optim/grad_norm"], rel=1e-4)
         assert on["learner/pad_frac"] == 0.0 and on["learner/pad_frac_padded"] == off["learner/pad_frac"]
+
+
+def _shared_prompt_rows(tok):
+    """GRPO's shape: 2 prompts of 30 tokens x 4 responses of 6 tokens each (no padding to drop)."""
+    g = torch.Generator().manual_seed(3)
+    pid = torch.randint(5, len(tok), (2, 30), generator=g).repeat_interleave(4, 0)
+    rid = torch.randint(5, len(tok), (8, 6), generator=g)
+    return pid, torch.ones_like(pid), rid, torch.ones_like(rid)
+
+
+def test_auto_packs_where_it_computes_less_with_the_padded_numbers(tok, monkeypatch):
+    import grpoplus.learner.logprobs as logprobs_mod
+
+    model = tiny_model(tok, size="nano", seed=0)
+    varied, shared = _rows(tok), _shared_prompt_rows(tok)
+    # varied lengths, distinct prompts: packing drops most of the padding
+    assert packing_pays(model, varied[0], varied[1], varied[3], share_prompts=True)
+    # shared prompts, equal lengths: the padded forward computes each prompt once, packing every row's
+    assert not packing_pays(model, shared[0], shared[1], shared[3], share_prompts=True)
+    assert packing_pays(model, shared[0], shared[1], shared[3], share_prompts=False) is False  # nothing to drop
+    packs = []
+    monkeypatch.setattr(logprobs_mod, "pack_rows", lambda *a: packs.append(1) or pack_rows(*a))
+    for rows, packed in ((varied, True), (shared, False)):
+        packs.clear()
+        logp, entropy, grads = _grads(model, rows)
+        logp_a, entropy_a, grads_a = _grads(model, rows, packing="auto")
+        assert bool(packs) is packed
+        torch.testing.assert_close(logp_a, logp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(entropy_a, entropy, atol=1e-5, rtol=0)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grads_a[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _mixed_batch(tok):
+    """Micro-batches of 3 rows: rows 0-2 share one 30-token prompt with full responses (padding computes less),
+    rows 3-5 and 6-7 have distinct 2-token prompts and responses of 1 to 6 tokens (packing computes less)."""
+    pid, pm, rid, rm = _shared_prompt_rows(tok)
+    pm[3:, :28] = 0
+    pid[3:, :28] = tok.pad_token_id
+    rm[3:] = (torch.arange(6)[None] < torch.tensor([1, 6, 1, 2, 6])[:, None]).long()
+    pid[3:, 28:] = torch.randint(5, len(tok), (5, 2), generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(0)
+    rm = rm.float()
+    logp_roll = -torch.rand(rm.shape, generator=g) * rm
+    return TrainBatch(pid, pm, rid, rm, rm.clone(), torch.randn(8, generator=g), logp_roll, logp_roll.clone(), None,
+                      torch.tensor([0, 0, 0, 1, 2, 3, 4, 5]))
+
+
+def test_auto_is_decided_per_micro_batch_and_reported(tok):
+    assert check_packing("auto", tiny_model(tok, size="nano")) == "auto"
+    assert check_packing("auto", tiny_model(tok, size="nano"), sharded=True) is False  # ranks run the same passes
+    model = tiny_model(tok, size="nano", seed=0)
+    batch = _mixed_batch(tok)
+    auto = _step(model, batch, packing="auto")  # micro-batches of 3 rows
+    padded = _step(model, batch)
+    for key in ("loss/total", "optim/grad_norm"):
+        assert auto[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-6), key
+    flags = [packing_pays(model, batch.prompt_ids[idx], batch.prompt_mask[idx], batch.response_mask[idx], True)
+             for idx in torch.arange(8).split(3)]
+    assert flags == [False, True, True]
+    assert auto["learner/packed_frac"] == pytest.approx(2 / 3) and padded["learner/packed_frac"] == 0.0
+    assert auto["learner/pad_frac"] < padded["learner/pad_frac"]
+
+
+def test_the_padding_fraction_of_partly_packed_micro_batches():
+    pm = torch.tensor([[1, 1], [0, 1]])
+    rm = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert padding_metrics(pm, rm, [torch.tensor([0, 1])], packed=[False]) == pytest.approx(
+        {"learner/pad_frac": 0.3, "learner/pad_frac_padded": 0.3, "learner/packed_frac": 0.0})
+    two = [torch.tensor([0, 1]), torch.tensor([0, 1])]  # the same rows twice: one packed (7), one padded (10)
+    assert padding_metrics(pm, rm, two, packed=[True, False]) == pytest.approx(
+        {"learner/pad_frac": 1 - 14 / 17, "learner/pad_frac_padded": 0.3, "learner/packed_frac": 0.5})
