@@ -90,6 +90,7 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     """train() equals the stages run by hand in the order of the synchronous loop (collect, prepare,
     update, sync), step for step: the default path is unchanged by the scale-out."""
     from grpoplus.assemble import assemble
+    from grpoplus.learner.packing import check_packing
     from grpoplus.plan import resolve
 
     cfg = build_config("dapo", None, [f"model={nano_dir}", f"out={tmp_path / 'a'}", "max_steps=3", "eval_every=0",
@@ -99,7 +100,8 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     c = assemble(resolve(cfg))  # the same components again, driven by hand
     p = c.learner.parts
     plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                       logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed)
+                       logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed,
+                       packing=check_packing(cfg.learner.packing, p.model))
     for step in range(1, 4):
         collected = collect(c.engine, c.sampler, c.train, c.scorer, c.collect_plan, c.generator)
         assert collected.metrics["reward/mean"] == records[step]["reward/mean"]
