@@ -105,6 +105,11 @@ VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_at
 sequence against itself under a block mask)."""
 
 
+MASKED_SCORES = 1 << 28
+"""Under ``auto``, a micro-batch packs without a varlen attention only while its packed sequence's block mask
+(``[S, S]``, one byte or more per score) stays within this many scores (S up to 16,384 tokens)."""
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     """A forward's estimated work per decoder layer: ``tokens`` through its linear layers, ``scores`` of attention."""
@@ -154,9 +159,13 @@ def packing_pays(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: 
                  response_mask: torch.Tensor, share_prompts: bool | str) -> bool:
     """Whether packing these rows computes fewer FLOPs than padding them (``learner.packing=auto``, per micro-batch):
     packing drops the padding, but computes every row's prompt (shared prompts compute a group's once) and, without a
-    varlen attention, scores the packed sequence against itself under a block mask."""
+    varlen attention, scores the packed sequence against itself under a block mask (never one of more than
+    :data:`MASKED_SCORES` scores)."""
     per_token, per_score, varlen = layer_flops(model)
-    packed = packed_cost(prompt_mask, response_mask, varlen).flops(per_token, per_score)
+    cost = packed_cost(prompt_mask, response_mask, varlen)
+    if not varlen and cost.scores > MASKED_SCORES:  # its [S, S] block mask alone would take more than this
+        return False
+    packed = cost.flops(per_token, per_score)
     return packed < padded_cost(prompt_ids, prompt_mask, response_mask, share_prompts).flops(per_token, per_score)
 
 

@@ -229,6 +229,7 @@ def _shared_prompt_rows(tok):
 
 def test_auto_packs_where_it_computes_less_with_the_padded_numbers(tok, monkeypatch):
     import grpoplus.learner.logprobs as logprobs_mod
+    import grpoplus.learner.packing as packing_mod
 
     model = tiny_model(tok, size="nano", seed=0)
     varied, shared = _rows(tok), _shared_prompt_rows(tok)
@@ -237,6 +238,9 @@ def test_auto_packs_where_it_computes_less_with_the_padded_numbers(tok, monkeypa
     # shared prompts, equal lengths: the padded forward computes each prompt once, packing every row's
     assert not packing_pays(model, shared[0], shared[1], shared[3], share_prompts=True)
     assert packing_pays(model, shared[0], shared[1], shared[3], share_prompts=False) is False  # nothing to drop
+    monkeypatch.setattr(packing_mod, "MASKED_SCORES", 96 ** 2)  # varied's 97 real tokens: its block mask is too big
+    assert not packing_pays(model, varied[0], varied[1], varied[3], share_prompts=True)
+    monkeypatch.undo()
     packs = []
     monkeypatch.setattr(logprobs_mod, "pack_rows", lambda *a: packs.append(1) or pack_rows(*a))
     for rows, packed in ((varied, True), (shared, False)):
