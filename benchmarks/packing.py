@@ -8,8 +8,8 @@ A synthetic batch whose response lengths vary widely, as a task that makes the m
 reasoning traces among many short answers), prompts of 40 to 80 tokens, ``--group`` responses per prompt. Random
 token ids (the speed of a forward and backward does not depend on them). Four arms, alternated ``--repeats``
 times on the same weights: ``padded+shared`` (learner.packing=off: padded rows, each distinct prompt computed
-once), ``padded`` (every row whole), ``packed`` (learner.packing=on) and ``auto`` (the default: each micro-batch
-packed where that computes less). Each runs one optimizer step (pi_old
+once), ``padded`` (every row whole), ``packed`` (learner.packing=on) and ``auto`` (each micro-batch packed where
+that computes less). Each runs one optimizer step (pi_old
 from the forward, AdamW at lr 0 so the weights stay put) and reports its median seconds, the padding fraction of
 its forwards (``learner/pad_frac``) and its loss, which must agree across the arms to float32 rounding.
 """

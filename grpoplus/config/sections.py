@@ -208,7 +208,7 @@ class LearnerConfig:
     """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
     G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
     numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
-    packing: Literal["auto", "on", "off"] = "auto"
+    packing: Literal["auto", "on", "off"] = "off"
     """Packed micro-batches: the rows of each learner forward as one sequence of their real tokens, each row
     attending only to itself (restarting position ids), so no padding token enters any layer; the same numbers as
     padded rows. on: every micro-batch packed, refused in one line where the model cannot pack (a recurrent or
