@@ -78,14 +78,15 @@ class StepContext:
 
 @dataclass
 class MicroBatch:
-    """One forward/backward's rows ``idx`` of the mini-batch, their loss mask and norm, and ``scale`` (0 for a rank's
-    stand-in, whose loss only keeps the collectives in step)."""
+    """One forward/backward's rows ``idx`` of the mini-batch, their loss mask and norm, ``scale`` (0 for a rank's
+    stand-in, whose loss only keeps the collectives in step) and whether its forward packs."""
 
     rows: TrainBatch
     idx: torch.Tensor
     loss_mask: torch.Tensor
     norm: object
     scale: float = 1.0
+    packed: bool = False  # its rows forwarded as one sequence of their real tokens (grpoplus.learner.packing)
 
 
 @dataclass
@@ -120,12 +121,13 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
                                    generator=generator)
     optimizer.zero_grad(set_to_none=True)
     planned = micro_batches(batch, plan)
-    mine, standins = hooks.share(planned)
-    runs = [(idx, 1.0) for idx in mine] + [(idx, 0.0) for idx in standins]
+    packed = _packed(ctx, batch, planned)
+    mine, standins = hooks.share(list(zip(planned, packed)))
+    runs = [(*run, 1.0) for run in mine] + [(*run, 0.0) for run in standins]
     parts = []
-    for i, (idx, scale) in enumerate(runs):
+    for i, (idx, pack, scale) in enumerate(runs):
         with hooks.backward_scope(last=i == len(runs) - 1):
-            part = _micro_step(ctx, MicroBatch(batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), scale))
+            part = _micro_step(ctx, MicroBatch(batch.rows(idx), idx, loss_mask[idx], norm.rows(idx), scale, pack))
         if scale:
             parts.append(part)
     parts, tally = hooks.gather(parts, ctx.tally)
@@ -141,18 +143,19 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     optimizer.zero_grad(set_to_none=True)
     out = reduce_metrics((metrics, weight) for metrics, weight, *_ in parts)
     out.update(losses)
-    out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, _packed(ctx, batch, planned)))
+    out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, packed))
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
     return out, stepped, _entropy(parts, batch.response_mask) if ctx.measures_entropy else None
 
 
-def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) -> bool | list[bool]:
-    """Whether the micro-batches' forwards were packed: the plan's answer, or under ``learner.packing=auto`` each
-    micro-batch's (the forward decides as here: prompts shared only on the plain head path)."""
+def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) -> list[bool]:
+    """Whether each micro-batch's forward packs, decided once here and handed to it: the plan's answer, or under
+    ``learner.packing=auto`` each micro-batch's (:func:`~grpoplus.learner.packing.packing_pays`, with prompts shared
+    only where the forward shares them: the plain head path)."""
     plan = ctx.plan
     if plan.packing != "auto":
-        return bool(plan.packing)
+        return [bool(plan.packing)] * len(planned)
     share = forward_sharing(plan) if plan.routing_spec is None and not ctx.algo.entropy_bonus else False
     return [packing_pays(ctx.model, batch.prompt_ids[idx], batch.prompt_mask[idx], batch.response_mask[idx], share)
             for idx in planned]
@@ -240,10 +243,10 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
             autocast(plan.precision, args[0].device):
         if algo.entropy_bonus:
             return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
-                                          temperature=plan.temperature, routing=routing, packing=plan.packing))
+                                          temperature=plan.temperature, routing=routing, packing=mb.packed))
         return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
                                       with_entropy=ctx.measures_entropy, routing=routing,
-                                      share_prompts=forward_sharing(plan), packing=plan.packing))
+                                      share_prompts=forward_sharing(plan), packing=mb.packed))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:
