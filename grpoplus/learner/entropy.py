@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 
 from grpoplus.learner.logprobs import TokenLogProb, float_work_dtype, row_slices, trimmed_inputs
-from grpoplus.learner.packing import pack_rows, packing_pays
+from grpoplus.learner.packing import pack_rows
 
 
 def _row_chunks(logits: torch.Tensor) -> list[slice]:
@@ -69,22 +69,19 @@ def token_entropy_with_grad(logits: torch.Tensor, temperature: float = 1.0) -> t
 
 def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                   response_ids: torch.Tensor, response_mask: torch.Tensor, *,
-                                  temperature: float = 1.0, routing=None, packing: bool | str = False
+                                  temperature: float = 1.0, routing=None, packing: bool = False
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
 
     The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
     (left prompt and right response columns that are padding in every row trimmed, the engine's
-    position ids; ``packing``: the rows' real tokens as one sequence, :mod:`grpoplus.learner.packing`; "auto": where
-    that computes less, without shared prompts), with the
+    position ids; ``packing``: the rows' real tokens as one sequence, :mod:`grpoplus.learner.packing`), with the
     entropy taken by :class:`TokenEntropy` from the same logits. It materialises the logits of the response
     tokens, which the chunked-head path of ``response_logprobs`` avoids: to be folded into that module (an
     ``entropy_grad`` option of its chunked head). ``routing``: MoE routing of the forward, as in
     ``response_logprobs`` (called with the row and input-column slices, and a packed forward's real tokens).
     """
     n, T = response_ids.shape
-    if packing == "auto":
-        packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts=False)
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(prompt_ids, prompt_mask, response_ids,
                                                                      response_mask)
     if t1 == 0:  # no response token at all: nothing to score
