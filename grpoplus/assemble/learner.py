@@ -89,7 +89,7 @@ def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: t
         require_checkpointable(model)
     routing = check_replay(update.routing_replay, model)
     compile_mode = check_compile(update.compile != "off", update.compile, model, routing is not None)
-    return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model, update.sharded),
+    return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model),
                           "compile": compile_mode or "off"}, routing_spec=routing, reward_weights=rewards)
 
 

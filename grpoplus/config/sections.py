@@ -208,14 +208,15 @@ class LearnerConfig:
     """Compute each distinct prompt of a forward once and every response against its keys and values (a group's
     G responses share one prompt forward and backward); false: every row's prompt + response in full. Same
     numbers up to float summation order; applies to the chunked-head architectures without a sliding window."""
-    packing: Literal["auto", "on", "off"] = "off"
+    packing: Literal["auto", "on", "off"] = "auto"
     """Packed micro-batches: the rows of each learner forward as one sequence of their real tokens, each row
     attending only to itself (restarting position ids), so no padding token enters any layer; the same numbers as
     padded rows. on: every micro-batch packed, refused in one line where the model cannot pack (a recurrent or
-    convolutional layer would carry one row's state into the next); auto: each micro-batch packed where that computes
-    fewer FLOPs than padding it (estimated from its lengths, its shared prompts and the attention's cost: GRPO's
-    equal-length groups pad, widely varying lengths pack; learner/packed_frac says how many did), padded where the
-    model cannot pack (said once) and on a sharded learner; off: pad. A packed forward computes every row's prompt
+    convolutional layer would carry one row's state into the next); auto: an optimizer step's micro-batches packed
+    where that computes fewer FLOPs than padding them (estimated from their lengths, their shared prompts and the
+    attention's cost, one answer per step, the same on every learner rank: GRPO's equal-length groups pad, widely
+    varying lengths pack; learner/packed_frac says how many did), padded where the model cannot pack (said once);
+    off: pad. A packed forward computes every row's prompt
     (learner.share_prompts does not apply to it); with on, learner.micro_batch_tokens counts real tokens."""
     compile: bool = False
     """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their

@@ -80,18 +80,17 @@ def packing_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
-def check_packing(mode: str, model: torch.nn.Module, sharded: bool = False) -> bool | str:
+def check_packing(mode: str, model: torch.nn.Module) -> bool | str:
     """How the learner packs ``model``'s micro-batches: ``off`` never (False); ``on`` always where it can (True), else
-    a one-line ``ValueError``; ``auto`` where it can ("auto": each micro-batch packed where that computes less,
-    :func:`packing_pays`), else one line on stderr and padded micro-batches (False). A sharded learner's ranks must run
-    the same passes on different rows, so there ``auto`` pads (False) and ``on`` packs every micro-batch."""
+    a one-line ``ValueError``; ``auto`` where it can ("auto": an optimizer step's micro-batches packed where that computes
+    less, :func:`packing_pays`, decided once for all of them, so a sharded learner's ranks run the same passes), else one line on stderr and padded micro-batches (False)."""
     if mode not in PACKING_MODES:
         raise ValueError(f"learner.packing={mode!r} is not one of {', '.join(PACKING_MODES)}")
     if mode == "off":
         return False
     why = packing_refusal(model)
     if why is None:
-        return True if mode == "on" else False if sharded else "auto"
+        return True if mode == "on" else "auto"
     if mode == "on":
         raise ValueError(f"learner.packing=on cannot pack this model: {why}; set learner.packing=auto or off")
     import sys
@@ -156,17 +155,23 @@ def layer_flops(model: torch.nn.Module) -> tuple[float, float, bool]:
 
 
 def packing_pays(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 response_mask: torch.Tensor, share_prompts: bool | str) -> bool:
-    """Whether packing these rows computes fewer FLOPs than padding them (``learner.packing=auto``, per micro-batch):
-    packing drops the padding, but computes every row's prompt (shared prompts compute a group's once) and, without a
-    varlen attention, scores the packed sequence against itself under a block mask (never one of more than
-    :data:`MASKED_SCORES` scores)."""
+                 response_mask: torch.Tensor, share_prompts: bool | str,
+                 micro_batches: list[torch.Tensor] | None = None) -> bool:
+    """Whether packing these rows computes fewer FLOPs than padding them (``learner.packing=auto``): packing drops the
+    padding, but computes every row's prompt (shared prompts compute a group's once) and, without a varlen attention,
+    scores the packed sequence against itself under a block mask (never one of more than :data:`MASKED_SCORES`
+    scores). ``micro_batches``: the row indices of each forward (default: all rows in one), costs added up over them,
+    so that one answer holds for them all (an optimizer step's, the same on every learner rank)."""
     per_token, per_score, varlen = layer_flops(model)
-    cost = packed_cost(prompt_mask, response_mask, varlen)
-    if not varlen and cost.scores > MASKED_SCORES:  # its [S, S] block mask alone would take more than this
-        return False
-    packed = cost.flops(per_token, per_score)
-    return packed < padded_cost(prompt_ids, prompt_mask, response_mask, share_prompts).flops(per_token, per_score)
+    packed = padded = 0.0
+    for idx in micro_batches if micro_batches is not None else [torch.arange(len(prompt_mask))]:
+        cost = packed_cost(prompt_mask[idx], response_mask[idx], varlen)
+        if not varlen and cost.scores > MASKED_SCORES:  # its [S, S] block mask alone would take more than this
+            return False
+        packed += cost.flops(per_token, per_score)
+        padded += padded_cost(prompt_ids[idx], prompt_mask[idx], response_mask[idx], share_prompts).flops(
+            per_token, per_score)
+    return packed < padded
 
 
 def _trimmed(mask: torch.Tensor, left: bool = True) -> int:

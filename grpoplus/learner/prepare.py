@@ -11,7 +11,7 @@ batch carries the routing its training forwards replay or are measured against
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,7 @@ from grpoplus.containers import Rollouts, ScoredGroups, TrainBatch
 from grpoplus.learner.compiling import compiled_layers
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.learner.packing import packing_pays
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
 from grpoplus.models.device import compute_device
@@ -75,6 +76,19 @@ def forward_sharing(plan: LearnerPlan) -> bool | str:
     return "always" if plan.sharded and plan.share_prompts else plan.share_prompts
 
 
+def decided_packing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerPlan:
+    """``plan`` with ``learner.packing=auto`` answered once for the batch's no-grad passes, from all its rows in the
+    forwards one process would run (:func:`~grpoplus.learner.packing.packing_pays`): a sharded learner's ranks, each
+    scoring its share of the rows, then run the same passes, and the same as one process."""
+    if plan.packing != "auto":
+        return plan
+    n = len(rollouts.group_ids)
+    forwards = list(torch.arange(n).split(plan.micro_batch_size or n))
+    share = plan.share_prompts and plan.routing_spec is None
+    return replace(plan, packing=packing_pays(model, rollouts.prompt_ids, rollouts.prompt_mask,
+                                              rollouts.response_mask, share, forwards))
+
+
 @torch.no_grad()
 def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy: bool,
                      routing: LearnerRouting | None = None):
@@ -114,6 +128,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
                          "none: use rollout.engine=hf, or algo.routing_replay=r2")
     mask = r.sampled_mask.float()  # environment tokens of a multi-turn trajectory carry no loss
     logp_old = entropy = logp_ref = None
+    plan = decided_packing(model, r, plan)
     routing = r.routing  # R3 replays it; off measures the learner's routing against it; R2 replaces it below
     if plan.logp_old == "recompute" or algo.entropy_mask_rho < 1.0:  # the entropy mask needs entropy first
         old_routing = old_pass_routing(model, r, plan)

@@ -151,14 +151,15 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
 
 def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) -> list[bool]:
     """Whether each micro-batch's forward packs, decided once here and handed to it: the plan's answer, or under
-    ``learner.packing=auto`` each micro-batch's (:func:`~grpoplus.learner.packing.packing_pays`, with prompts shared
-    only where the forward shares them: the plain head path)."""
+    ``learner.packing=auto`` one answer for the whole optimizer step (:func:`~grpoplus.learner.packing.packing_pays`
+    over its micro-batches, with prompts shared where the plain head path shares them, as one process would), the
+    same on every learner rank, which all hold the whole mini-batch."""
     plan = ctx.plan
     if plan.packing != "auto":
         return [bool(plan.packing)] * len(planned)
-    share = forward_sharing(plan) if plan.routing_spec is None and not ctx.algo.entropy_bonus else False
-    return [packing_pays(ctx.model, batch.prompt_ids[idx], batch.prompt_mask[idx], batch.response_mask[idx], share)
-            for idx in planned]
+    share = plan.share_prompts and plan.routing_spec is None and not ctx.algo.entropy_bonus
+    pays = packing_pays(ctx.model, batch.prompt_ids, batch.prompt_mask, batch.response_mask, share, planned)
+    return [pays] * len(planned)
 
 
 def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:

@@ -99,7 +99,7 @@ class UpdatePlan:
     precision: str
     sharded: bool
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
-    packing: str = "off"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
+    packing: str = "auto"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
     compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
 
 

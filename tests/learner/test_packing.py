@@ -269,20 +269,32 @@ def _mixed_batch(tok):
                       torch.tensor([0, 0, 0, 1, 2, 3, 4, 5]))
 
 
-def test_auto_is_decided_per_micro_batch_and_reported(tok):
+def test_auto_is_decided_once_per_optimizer_step_from_all_its_micro_batches(tok, monkeypatch):
+    import grpoplus.learner.packing as packing_mod
+
     assert check_packing("auto", tiny_model(tok, size="nano")) == "auto"
-    assert check_packing("auto", tiny_model(tok, size="nano"), sharded=True) is False  # ranks run the same passes
     model = tiny_model(tok, size="nano", seed=0)
     batch = _mixed_batch(tok)
-    auto = _step(model, batch, packing="auto")  # micro-batches of 3 rows
-    padded = _step(model, batch)
+    planned = list(torch.arange(8).split(3))  # micro-batches of 3 rows
+    args = (batch.prompt_ids, batch.prompt_mask, batch.response_mask, True)
+    alone = [packing_pays(model, *(a[idx] for a in args[:3]), True) for idx in planned]
+    assert alone == [False, True, True]  # each micro-batch by itself would decide differently
+    # together the one that pads saves more than the two that pack: the whole step pads
+    assert not packing_pays(model, *args, planned)
+    auto, padded = _step(model, batch, packing="auto"), _step(model, batch)
+    assert auto["learner/packed_frac"] == padded["learner/packed_frac"] == 0.0 and auto == padded
+    # the two varied micro-batches alone: the whole step packs, with the padded step's numbers
+    varied = batch.rows(torch.arange(3, 8))
+    auto, padded = _step(model, varied, packing="auto"), _step(model, varied)
+    assert auto["learner/packed_frac"] == 1.0 and padded["learner/packed_frac"] == 0.0
+    assert auto["learner/pad_frac"] == 0.0 < padded["learner/pad_frac"]
     for key in ("loss/total", "optim/grad_norm"):
         assert auto[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-6), key
-    flags = [packing_pays(model, batch.prompt_ids[idx], batch.prompt_mask[idx], batch.response_mask[idx], True)
-             for idx in torch.arange(8).split(3)]
-    assert flags == [False, True, True]
-    assert auto["learner/packed_frac"] == pytest.approx(2 / 3) and padded["learner/packed_frac"] == 0.0
-    assert auto["learner/pad_frac"] < padded["learner/pad_frac"]
+    # one micro-batch whose block mask is over the cap pads them all
+    vargs = (varied.prompt_ids, varied.prompt_mask, varied.response_mask, True)
+    monkeypatch.setattr(packing_mod, "MASKED_SCORES", 150)  # the first: 14 tokens, 196 scores; the second 144
+    assert not packing_pays(model, *vargs, list(torch.arange(5).split(3)))
+    assert _step(model, varied, packing="auto")["learner/packed_frac"] == 0.0
 
 
 def test_the_padding_fraction_of_partly_packed_micro_batches():
