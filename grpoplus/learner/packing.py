@@ -82,8 +82,9 @@ def packing_refusal(model: torch.nn.Module) -> str | None:
 
 def check_packing(mode: str, model: torch.nn.Module) -> bool | str:
     """How the learner packs ``model``'s micro-batches: ``off`` never (False); ``on`` always where it can (True), else
-    a one-line ``ValueError``; ``auto`` where it can ("auto": an optimizer step's micro-batches packed where that computes
-    less, :func:`packing_pays`, decided once for all of them, so a sharded learner's ranks run the same passes), else one line on stderr and padded micro-batches (False)."""
+    a one-line ``ValueError``; ``auto`` where it can ("auto": an optimizer step's micro-batches packed where that
+    computes less, :func:`packing_pays`, decided once for all of them, so a sharded learner's ranks run the same
+    passes), else one line on stderr and padded micro-batches (False)."""
     if mode not in PACKING_MODES:
         raise ValueError(f"learner.packing={mode!r} is not one of {', '.join(PACKING_MODES)}")
     if mode == "off":

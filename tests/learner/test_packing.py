@@ -5,18 +5,19 @@ Rows of widely varying prompt and response lengths, so the padded forward holds 
 
 import copy
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
 
 from grpoplus.algo import AlgoConfig
 from grpoplus.config import build_config
-from grpoplus.containers import TrainBatch
+from grpoplus.containers import Rollouts, TrainBatch
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.packing import check_packing, pack_rows, packing_pays, padding_metrics
-from grpoplus.learner.prepare import LearnerPlan
+from grpoplus.learner.prepare import LearnerPlan, decided_packing
 from grpoplus.learner.replay import LearnerRouting, input_mask
 from grpoplus.learner.update import optimizer_step
 from grpoplus.models.families import tiny_family_model
@@ -305,3 +306,17 @@ def test_the_padding_fraction_of_partly_packed_micro_batches():
     two = [torch.tensor([0, 1]), torch.tensor([0, 1])]  # the same rows twice: one packed (7), one padded (10)
     assert padding_metrics(pm, rm, two, packed=[True, False]) == pytest.approx(
         {"learner/pad_frac": 1 - 14 / 17, "learner/pad_frac_padded": 0.3, "learner/packed_frac": 0.5})
+
+
+def test_the_no_grad_passes_decide_auto_once_for_the_whole_batch(tok):
+    """A sharded learner's ranks each score a share of the rows: the answer comes from all of them, as one process's."""
+    model = tiny_model(tok, size="nano", seed=0)
+    b = _mixed_batch(tok)
+    r = Rollouts(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.logp_roll, torch.ones(8).bool(),
+                 b.group_ids, [""] * 8, list(range(6)))
+    plan = LearnerPlan(1.0, 3, 1e9, "recompute", packing="auto")
+    assert decided_packing(model, r, plan).packing is False  # [pad, pack, pack] alone; together they pad
+    varied = Rollouts(*(x[3:] for x in (b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.logp_roll)),
+                      torch.ones(5).bool(), b.group_ids[3:], [""] * 5, list(range(5)))
+    assert decided_packing(model, varied, plan).packing is True
+    assert decided_packing(model, varied, replace(plan, packing=False)).packing is False
