@@ -163,7 +163,7 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
         notes.append(f"learner.packing={lrn.packing}: a packed forward computes every row's prompt (no padding, but "
                      "learner.share_prompts does not apply to it); where responses are all about one length, "
                      "learner.packing=off with shared prompts computes fewer tokens")
-    if lrn.compile and lrn.packing == "off" and lrn.share_prompts:
+    if lrn.compile and lrn.packing != "on" and lrn.share_prompts:
         notes.append("learner.compile=true computes every row whole (learner.share_prompts does not apply: the shared-"
                      "prompt forward would compile one graph per layer); its first update compiles the layers (about 20 s "
                      "on a 2-core CPU)")
