@@ -26,9 +26,9 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from grpoplus.models.kv_cache import cache_kwargs
-from grpoplus.rollout.decode_ops import DECODE_ATTENTION, PreallocatedLayer
+from grpoplus.rollout.decode_ops import PreallocatedLayer
 
-STATIC_ATTENTION = (DECODE_ATTENTION, "sdpa")
+STATIC_ATTENTION = ("sdpa",)
 """Attention implementations that take a boolean 4-d mask (True: attend), the form :class:`StaticRows` builds."""
 
 

@@ -5,10 +5,10 @@
   allocates the sampled rows' cache once at its final length; a step writes one position.
 - Attention: transformers' SDPA path expands grouped key/value heads to the query heads
   (``repeat_kv``, another copy of the cache per layer and step) whenever a mask is given,
-  which left padding always needs. :func:`decode_attention` hands the un-expanded heads
-  to ``scaled_dot_product_attention(enable_gqa=True)``: the same numbers, no copy. CPU only:
-  on a GPU, SDPA's fused kernels refuse ``enable_gqa`` with a mask and it would fall back to
-  its math kernel (the whole [q, k] score matrix, in float32), so the model's own path stays.
+  which left padding always needs. The engine decodes under
+  :func:`grpoplus.models.attention.use_cpu_gqa`, the learner's own fix: on a CPU the
+  un-expanded heads go to ``scaled_dot_product_attention(enable_gqa=True)``, the same numbers
+  with no copy (a GPU keeps transformers' choice).
 - Linear layers: a decode step multiplies a few rows by every weight matrix, where MKL's
   plain GEMM is slow on a CPU. :func:`packed_linears` multiplies by a copy of every fp32
   weight that oneDNN reordered once per rollout (the kernels PyTorch's own CPU inference
@@ -22,17 +22,12 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-from transformers import AttentionInterface, cache_utils
+from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # Cache layers that hold a recurrent or convolution state per row (linear attention, Mamba, short convolutions):
 # transformers releases without them have no such layers.
 STATE_LAYERS = tuple(c for c in (getattr(cache_utils, "LinearAttentionCacheLayerMixin", None),) if c is not None)
-
-DECODE_ATTENTION = "grpoplus_gqa_sdpa"
-"""Name under which :func:`gqa_sdpa_attention` is registered with transformers (the sdpa mask)."""
-
 
 class PreallocatedLayer(DynamicLayer):
     """One layer's KV cache in [rows, kv_heads, capacity, head_dim] buffers filled up to ``length``.
@@ -112,39 +107,6 @@ def _preallocated(layer: DynamicLayer, rows: torch.Tensor, capacity: int) -> Pre
         buffers.append(past.new_empty(len(rows), past.shape[1], capacity, past.shape[3]))
         buffers[-1][:, :, : past.shape[2]] = past[rows]
     return PreallocatedLayer(*buffers, layer.get_seq_length())
-
-
-def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers attention function: SDPA on [b, heads, q, d] queries and [b, kv_heads, k, d] keys/values
-    (``enable_gqa``: no copy of the keys/values); returns [b, q, heads, d] (inference only, no dropout)."""
-    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                                           is_causal=causal, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(DECODE_ATTENTION, gqa_sdpa_attention)
-AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
-
-
-@contextmanager
-def decode_attention(model: torch.nn.Module):
-    """Run ``model``'s SDPA attention as :func:`gqa_sdpa_attention` inside the block (the learner, which
-    shares the module, gets its own back on exit). Models on another implementation, or not on the CPU
-    (see the module docstring), are left as they are."""
-    config = getattr(model, "config", None)
-    param = next(model.parameters(), None)
-    switch = getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation") \
-        and param is not None and param.device.type == "cpu"
-    if switch:
-        model.set_attn_implementation(DECODE_ATTENTION)
-    try:
-        yield
-    finally:
-        if switch:
-            model.set_attn_implementation("sdpa")
 
 
 @torch.library.custom_op("grpoplus::packed_linear", mutates_args=())

@@ -18,6 +18,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
+from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.device import autocast_to
 from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_model
@@ -25,7 +26,7 @@ from grpoplus.models.qlora import is_4bit
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
 from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
 from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, static_refusal
-from grpoplus.rollout.decode_ops import PreallocatedLayer, decode_attention, expand_to_rows, packed_linears, select_rows
+from grpoplus.rollout.decode_ops import PreallocatedLayer, expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 from grpoplus.sync import WeightSource, module_of
@@ -76,7 +77,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """
     rows = int(repeats.sum())
     packed = packed_linears(model, rows, dtype, opaque=step is not None) if pack_weights else nullcontext()
-    with decode_attention(model), packed, autocast_to(dtype, input_ids.device):
+    use_cpu_gqa()  # grouped key/value heads attended without a copy per query head (a CPU; idempotent)
+    with packed, autocast_to(dtype, input_ids.device):
         state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens, step)
         return sample_loop(state, params, stop_ids, pad_id, generator)
 

@@ -4,8 +4,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations import sdpa_attention
 
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
+from grpoplus.models import attention
 from grpoplus.models.tiny import tiny_config
 from grpoplus.rollout import HFEngine, SamplingParams
 from grpoplus.rollout.decode_ops import PreallocatedLayer, packed_linears
@@ -43,17 +45,21 @@ def _check_logp_roll(model, tok, prompts, favour_eos):
     torch.testing.assert_close(logp, r.logp_roll, atol=1e-5, rtol=0)
 
 
-def test_grouped_query_attention_decode_equals_the_learner(tok, prompts, favour_eos):
-    # 4 query heads share 2 key/value heads: decoding hands the 2 heads to SDPA (enable_gqa)
-    # while the learner expands them; with sharpened attention any slip shows above 1e-5.
+def test_grouped_query_attention_decode_copies_no_heads_and_equals_the_learner(tok, prompts, favour_eos, monkeypatch):
+    # 4 query heads share 2 key/value heads: decoding hands the 2 heads to SDPA (enable_gqa) without expanding them
+    # per query head (grpoplus.models.attention.use_cpu_gqa); with sharpened attention any slip shows above 1e-5.
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", attention._ORIGINAL)  # transformers' own, until decoding
+    copies, original = [], sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or original(x, n))
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(len(tok), size="nano", num_key_value_heads=2))
+    model = LlamaForCausalLM(tiny_config(len(tok), size="nano", num_attention_heads=4, num_key_value_heads=2))
+    assert model.model.layers[0].self_attn.num_key_value_groups == 2
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(6.0)
             layer.self_attn.k_proj.weight.mul_(6.0)
     _check_logp_roll(model, tok, prompts, favour_eos)
-    assert model.config._attn_implementation == "sdpa"  # the learner's attention is restored
+    assert copies == [], len(copies)
 
 
 def test_sliding_window_model_keeps_its_own_cache_and_is_exact(tok, prompts, favour_eos):
