@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
 from grpoplus.distributed.learner import RankBuilders, follow
@@ -58,7 +59,13 @@ class LocalRanks:
     def __init__(self, procs: list):
         self.procs = procs
 
-    def describe(self) -> str:
+    def describe(self, grace_s: float = 2.0) -> str:
+        """The followers that have exited, with their codes. A killed process closes its connections before its exit
+        status can be read, so a peer's broken connection may be seen first: each is waited for up to ``grace_s`` in
+        all (only on the way to an error)."""
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
         dead = [f"learner rank {r} (pid {p.pid}) exited with code {p.exitcode}"
                 for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
         return ", ".join(dead)

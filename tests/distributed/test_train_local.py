@@ -198,3 +198,20 @@ def test_multi_turn_runs_train_on_two_ranks_exactly_like_one_process_and_asynchr
     assert run.returncode == 0, run.stderr[-2000:]
     steps = [r for r in read_metrics(ahead) if r["step"] > 0]
     assert all(r["async/staleness_max"] <= 1 and r["env/turns_mean"] >= 1 for r in steps)
+
+
+def test_a_follower_that_is_still_exiting_is_named_with_its_code():
+    """A killed rank's connections close before its exit status can be read: the error still names it."""
+    import multiprocessing
+
+    from grpoplus.distributed.local import LocalRanks
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0.5,))
+    proc.start()
+    assert LocalRanks([proc]).describe(grace_s=30.0) == f"learner rank 1 (pid {proc.pid}) exited with code 0"
+    live = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(30,), daemon=True)
+    live.start()
+    t0 = time.monotonic()
+    assert LocalRanks([live]).describe(grace_s=0.5) == "" and time.monotonic() - t0 < 5  # a live one: not waited for
+    live.kill()
+    live.join()
