@@ -76,6 +76,13 @@ def forward_sharing(plan: LearnerPlan) -> bool | str:
     return "always" if plan.sharded and plan.share_prompts else plan.share_prompts
 
 
+def estimated_sharing(plan: LearnerPlan) -> bool:
+    """Whether ``learner.packing=auto``'s estimate counts prompts as shared: ``learner.share_prompts`` on a dense policy
+    (routing replay forwards every row whole); one process's answer, so every rank estimates alike (not
+    :func:`forward_sharing`'s "always")."""
+    return plan.share_prompts and plan.routing_spec is None
+
+
 def decided_packing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerPlan:
     """``plan`` with ``learner.packing=auto`` answered once for the batch's no-grad passes, from all its rows in the
     forwards one process would run (:func:`~grpoplus.learner.packing.packing_pays`): a sharded learner's ranks, each
@@ -84,9 +91,8 @@ def decided_packing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerPlan
         return plan
     n = len(rollouts.group_ids)
     forwards = list(torch.arange(n).split(plan.micro_batch_size or n))
-    share = plan.share_prompts and plan.routing_spec is None
     return replace(plan, packing=packing_pays(model, rollouts.prompt_ids, rollouts.prompt_mask,
-                                              rollouts.response_mask, share, forwards))
+                                              rollouts.response_mask, estimated_sharing(plan), forwards))
 
 
 @torch.no_grad()

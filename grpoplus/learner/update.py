@@ -27,7 +27,7 @@ from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.microbatch import plan_micro_batches
 from grpoplus.learner.packing import packing_pays, padding_metrics
 from grpoplus.learner.precision import autocast
-from grpoplus.learner.prepare import LearnerPlan, forward_sharing
+from grpoplus.learner.prepare import LearnerPlan, estimated_sharing, forward_sharing
 from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
@@ -157,7 +157,7 @@ def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) ->
     plan = ctx.plan
     if plan.packing != "auto":
         return [bool(plan.packing)] * len(planned)
-    share = plan.share_prompts and plan.routing_spec is None and not ctx.algo.entropy_bonus
+    share = estimated_sharing(plan) and not ctx.algo.entropy_bonus  # the entropy-bonus forward shares no prompt
     pays = packing_pays(ctx.model, batch.prompt_ids, batch.prompt_mask, batch.response_mask, share, planned)
     return [pays] * len(planned)
 
