@@ -7,7 +7,7 @@ with its held-out greedy accuracy, the share of held-out trajectories that calle
 - ``sft``: ``grpoplus sft --demos wordproblems-calculator`` (each training problem solved with one calculator call
   per worked step, then the answer line);
 - ``sft+rl``: ``grpoplus train --model <the sft checkpoint>`` with the calculator (24 steps of 4 x 4 trajectories,
-  lr 1e-5, the settings in ``RL_EXTRA``: one update per batch, a KL term to the warm start);
+  lr 1e-5, the settings in ``RL_EXTRA``: dynamic sampling, one update per batch, a KL term to the warm start);
 - ``rl``: ``grpoplus train --model smollm2`` with the calculator, the same RL settings.
 
 Every evaluation is greedy on the same 128 held-out problems of the seed's split.
@@ -28,10 +28,11 @@ from pathlib import Path
 
 TOOLS = ["--task", "wordproblems", "tools=[calculator]", "max_turns=5", "max_new_tokens=40", "eval_samples=0",
          "progress=false", "loggers=[]", "overwrite=true"]
-# the dapo preset's token-mean loss, one update per batch of 16 trajectories (4 x 4) with a KL term to the model the
-# stage starts from (beta 0.04: the warm start, for sft+rl); no resampling of all-equal groups and no length shaping
-# (a trajectory's turns add up past max_new_tokens). Before: two updates per batch and no KL (num_minibatches=2 beta=0)
-RL_EXTRA = ["dynamic_sampling=false", "overlong_shaping=false", "num_minibatches=1", "beta=0.04"]
+# the dapo preset's token-mean loss and dynamic sampling (up to 3 rounds until 4 groups whose rewards differ), one
+# update per batch of 16 trajectories (4 x 4) with a KL term to the model the stage starts from (beta 0.04: the warm
+# start, for sft+rl); no length shaping (a trajectory's turns add up past max_new_tokens). Before: no dynamic sampling
+# (dynamic_sampling=false), and before that also two updates per batch and no KL (num_minibatches=2 beta=0)
+RL_EXTRA = ["dynamic_sampling=true", "overlong_shaping=false", "num_minibatches=1", "beta=0.04"]
 
 
 def run(args: list[str], log: Path) -> float:

@@ -53,7 +53,8 @@ def test_every_recipe_passes_the_dry_run_and_names_its_devices(recipe, capsys):
     expected = "1 GPU each" if device == "cuda" and run.get("cluster") == "ray" else "cuda:0" if device == "cuda" \
         else "cpu (host memory)"
     assert expected in memory
-    assert all(device.total is not None for device in dry_run(yaml_path=str(recipe)).devices)  # sizes known
+    if not str(learner.get("model", "")).startswith("runs/"):  # a later stage's model is an earlier stage's output
+        assert all(device.total is not None for device in dry_run(yaml_path=str(recipe)).devices)  # sizes known
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
