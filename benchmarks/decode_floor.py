@@ -8,7 +8,8 @@ fp32, CPU. ``GRPOPLUS_SMOLLM2`` names a local Hugging Face dir saved from ``smol
 
 Floors, from rates measured in this process just before the runs: the decode reads every weight once per step
 (``bw_floor_s`` = weight bytes x steps / memory GB/s) and multiplies every weight by each live row
-(``compute_floor_s`` = 2 x params x generated tokens / fp32 matmul GFLOP/s); the prompts' prefill does
+(``compute_floor_s`` = 2 x params x generated tokens / fp32 matmul GFLOP/s, the faster of torch's product and
+oneDNN's, which the engine's packed weights use); the prompts' prefill does
 2 x params x prompt tokens at the matmul rate (``prefill_floor_s``). ``decode_bw_fraction`` is the issue's measure
 (bandwidth floor / decode seconds); with 16 rows a step does 8 flops per weight byte, above a 2-core CPU's
 balance, so the compute floor is the higher one there (``decode_floor_fraction``: the higher floor / decode s).
@@ -31,6 +32,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from smollm2_vs_trl import matmul_gflops_now  # noqa: E402
+
+from grpoplus.models.cpu_matmul import onednn_available  # noqa: E402
 
 KINDS = {"reorder_weights": ("reorder",), "linear": ("linear", "addmm", "mm"), "attention": ("attention",),
          "sampling": ("softmax", "cumsum", "exp", "searchsorted", "rand", "gather", "div", "double", "isin"),
@@ -111,7 +114,9 @@ def main() -> None:
     if not args.no_compile:
         engines["compiled"] = HFEngine(model, tok, EngineOptions(compile=True))
     first = {name: timed_rollout(e, prompts, params, prefill_s)["rollout_s"] for name, e in engines.items()}
-    gbs, gflops = memory_gbs_now(), matmul_gflops_now(size=1024)
+    torch_gflops = matmul_gflops_now(size=1024)
+    gflops = max(torch_gflops, matmul_gflops_now(size=1024, onednn=True) if onednn_available() else 0.0)
+    gbs = memory_gbs_now()
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for _ in range(args.repeats):
         for name, engine in engines.items():
@@ -135,6 +140,7 @@ def main() -> None:
             "logp_max_diff_vs_eager": float((r.logp_roll - base.logp_roll).abs().max()),
         }))
     print(json.dumps({"memory_gb_s_now": round(gbs, 1), "matmul_gflops_now": round(gflops, 1),
+                      "torch_matmul_gflops_now": round(torch_gflops, 1),
                       "torch_threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
                       "cpu_flags": cpu_flags()}))
     if args.profile:

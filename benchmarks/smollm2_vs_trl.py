@@ -43,23 +43,27 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 import torch  # noqa: E402
 
+from grpoplus.models import cpu_matmul  # noqa: E402
+
 PEAK_GFLOPS = 145.0  # fp32 matmul, 2 cores, idle machine (benchmarks/profile_smollm2.py)
 PEAK_GBS = 26.0  # memory bandwidth, idle machine
 PROMPTS, GROUP, NEW_TOKENS, LR = 4, 4, 48, 1e-6
 
 
 def matmul_gflops_now(size: int = 2048, repeats: int = 10, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                      warmup: int = 1) -> float:
+                      warmup: int = 1, onednn: bool = False) -> float:
     """The matmul rate (GFLOP/s) this process gets right now on ``device`` in ``dtype`` (a machine's peak drifts, and
-    a CPU is shared), ``size`` x ``size`` matrices timed over ``repeats`` products after ``warmup`` ones."""
+    a CPU is shared), ``size`` x ``size`` matrices timed over ``repeats`` products after ``warmup`` ones; torch's
+    product, or ``onednn``: the one grpoplus's learner.cpu_matmul=onednn makes (a float32 CPU product)."""
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    product = (lambda: cpu_matmul.onednn_linear(a, b.T)) if onednn else (lambda: a @ b)
     for _ in range(warmup):
-        a @ b
+        product()
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        a @ b
+        product()
     sync()
     return 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e9
 
@@ -232,12 +236,15 @@ def main() -> None:
         tok.save_pretrained(args.model)
         return print(json.dumps({"saved": args.model}))
     gflops = matmul_gflops_now()  # before the run, so that its memory is not in the side's peak
+    onednn_gflops = matmul_gflops_now(onednn=True) if cpu_matmul.onednn_available() else 0.0
     started = time.perf_counter()
     record = run_trl(args.model, args.steps, args.warmup) if args.which == "trl" else \
         run_grpoplus(args.model, args.steps, args.warmup, overrides)
-    if "learner_mfu" in record:  # against the matmul rate measured in this process before the run
-        record["learner_mfu_now"] = round(record["learner_mfu"] * PEAK_GFLOPS / gflops, 3)
-    print(json.dumps({**record, "matmul_gflops_now": round(gflops, 1), "peak_rss_mb": round(peak_rss_mb(), 0),
+    if "learner_mfu" in record:  # against the faster library's matmul rate measured in this process before the run
+        record["learner_mfu_now"] = round(record["learner_mfu"] * PEAK_GFLOPS / max(gflops, onednn_gflops), 3)
+    print(json.dumps({**record, "matmul_gflops_now": round(gflops, 1),
+                      "onednn_matmul_gflops_now": round(onednn_gflops, 1), "peak_rss_mb": round(peak_rss_mb(), 0),
+                      "cpu_matmul_onednn": cpu_matmul.in_use(),
                       "torch_threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
                       "wall_s": round(time.perf_counter() - started, 1)}),
           flush=True)

@@ -18,6 +18,7 @@ from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
+from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
 from grpoplus.plan.data import build_data, builtin_tasks, data_rows
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
@@ -34,6 +35,7 @@ def build_process(process: ProcessPlan) -> None:
         set_tf32(process.tf32)
     if process.threads:
         torch.set_num_threads(process.threads)
+    use_cpu_matmul(process.cpu_matmul)
 
 
 def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:

@@ -25,6 +25,7 @@ import torch
 from grpoplus.containers import Rollouts
 from grpoplus.learner.packing import PackedRows, pack_rows, packing_pays
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
+from grpoplus.models.cpu_matmul import mm
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
 
@@ -57,10 +58,11 @@ class ChunkedHeadLogProb(torch.autograd.Function):
     grad) or None), float32 (float64 for float64 inputs). Per chunk of rows, ``z = h W^T / T``,
     ``logp = z[tok] - logsumexp(z)``. Backward: ``d logp / d z = onehot(tok) - softmax(z)``; with
     ``g`` the incoming gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``.
-    The chunks' softmax is kept for the backward where all of it takes at most :data:`SAVED_SOFTMAX_BYTES`
-    (a fourth of the head's matmuls saved: the logits are not computed again), else only the [M] logsumexp
-    is and each chunk's ``z`` is recomputed. A tied head (``weight`` is the embedding) gets its gradient
-    added to the embedding's by autograd, as the parameter is the same tensor.
+    The whole softmax is kept for the backward where it takes at most :data:`SAVED_SOFTMAX_BYTES` (a fourth of
+    the head's matmuls saved: the logits are not computed again; the backward's two products then run once over
+    all rows, faster than per chunk), else only the [M] logsumexp is and each chunk's ``z`` is recomputed. A tied
+    head (``weight`` is the embedding) gets its gradient added to the embedding's by autograd, as the parameter is
+    the same tensor.
     """
 
     @staticmethod
@@ -71,18 +73,16 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         lse = torch.empty_like(logp)  # [M]
         entropy = torch.empty_like(logp) if with_entropy else None
         keep = hidden.shape[0] * weight.shape[0] * lse.element_size() <= SAVED_SOFTMAX_BYTES
-        ctx.probs = [] if keep else None  # each chunk's softmax [c, V], for the backward
+        # the whole softmax [M, V] for the backward, filled chunk by chunk: its products then run once over all rows
+        ctx.probs = hidden.new_empty(hidden.shape[0], weight.shape[0], dtype=work) if keep else None
         for rows in row_slices(hidden.shape[0], weight.shape[0]):
-            z = (hidden[rows] @ weight.T).to(work).div_(temperature)  # [c, V]
+            z = mm(hidden[rows], weight.T).to(work).div_(temperature)  # [c, V]
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
+            if with_entropy or keep:  # softmax(z)
+                p = torch.sub(z, lse[rows, None], out=ctx.probs[rows] if keep else None).exp_()
             if with_entropy:  # H = logsumexp(z) - sum_v p_v z_v (a batched dot: no [c, V] product)
-                p = (z - lse[rows, None]).exp_()  # softmax(z)
                 entropy[rows] = lse[rows] - torch.bmm(p[:, None], z[:, :, None]).view(-1)
-            elif keep:
-                p = z.sub_(lse[rows, None]).exp_()  # softmax(z), in place
-            if keep:
-                ctx.probs.append(p)
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.temperature = temperature
         ctx.autocast = _autocast_state(hidden.device.type)
@@ -97,21 +97,22 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[:2]
         d_hidden = torch.empty_like(hidden) if need_h else None  # [M, H]
         d_weight = None  # [V, H], accumulated in float32 whatever the forward's precision
-        for i, rows in enumerate(row_slices(hidden.shape[0], weight.shape[0])):
+        for rows in [slice(None)] if probs is not None else row_slices(hidden.shape[0], weight.shape[0]):
             h = hidden[rows]  # [c, H]
             if probs is not None:
-                dz = probs[i].neg_()  # -softmax(z)
+                dz = probs.neg_()  # -softmax(z), every row
             else:
                 with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
-                    z = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
+                    z = mm(h, weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
                 dz = z.sub_(lse[rows, None]).exp_().neg_()
             dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
             dz.mul_(grad_logp[rows, None] / ctx.temperature)
             if need_h:
                 with autocast_to(ctx.autocast, hidden.device):
-                    d_hidden[rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+                    d_hidden[rows] = mm(dz.to(weight.dtype), weight).to(hidden.dtype)
             if need_w:
-                d_weight = dz.T @ h.to(lse.dtype) if d_weight is None else d_weight.addmm_(dz.T, h.to(lse.dtype))
+                part = mm(dz.T, h.to(lse.dtype))  # [V, H]
+                d_weight = part if d_weight is None else d_weight.add_(part)
         return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None
 
 

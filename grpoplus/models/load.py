@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.attention import use_cpu_gqa
+from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
 
@@ -103,8 +104,10 @@ def load_policy(
 def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | None = None):
     """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
     the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves. Grouped key/value
-    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`)."""
+    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`), float32 linear layers
+    multiplied by the library the process's ``learner.cpu_matmul`` names (:mod:`grpoplus.models.cpu_matmul`)."""
     use_cpu_gqa()
+    use_cpu_matmul()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token

@@ -39,6 +39,7 @@ class ProcessPlan:
     threads: int  # torch CPU threads (0: torch's default)
     device: str
     tf32: bool
+    cpu_matmul: str  # learner.cpu_matmul: auto | onednn | torch
     own_device: str  # the device as the role's own process names it: one GPU per process is ``cuda``
 
 
@@ -187,7 +188,8 @@ def placement(cfg: Config) -> Placement:
 
 
 def process_plan(cfg: Config) -> ProcessPlan:
-    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32, where.process_device(cfg))
+    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32,
+                       cfg.learner.cpu_matmul, where.process_device(cfg))
 
 
 def policy_plan(cfg: Config) -> PolicyPlan:

@@ -175,14 +175,15 @@ def _largest_tensor(fn) -> int:
 
 @pytest.mark.parametrize("hook", [False, True])
 def test_peak_tensor_does_not_grow_with_vocab_times_tokens(monkeypatch, hook):
-    # A large-vocabulary toy (V = 20000, H = 8): the head path's largest tensor is the
-    # [V, H] head gradient or one [chunk, V] block, the same for 16 or 64 response tokens per
-    # row; the logits path (taken when a hook sits on the head) holds [N, T, V] logits.
+    # A large-vocabulary toy (V = 20000, H = 8): past the kept softmax's budget the head path's largest tensor is
+    # the [V, H] head gradient or one [chunk, V] block, the same for 16 or 64 response tokens per row; the logits
+    # path (taken when a hook sits on the head) holds [N, T, V] logits.
     from transformers import LlamaForCausalLM
 
     from grpoplus.models.tiny import tiny_config
 
     monkeypatch.setattr(logprobs_mod, "CHUNK_ELEMENTS", 4 * 20000)  # 4 tokens per chunk
+    monkeypatch.setattr(logprobs_mod, "SAVED_SOFTMAX_BYTES", 8 * 20000 * 4)  # 8 tokens' softmax: both runs exceed it
     model = LlamaForCausalLM(tiny_config(20000, size="nano", hidden_size=8, num_attention_heads=2,
                                          num_key_value_heads=2, intermediate_size=16))
     if hook:

@@ -1,0 +1,122 @@
+"""Float32 linear layers on a CPU through oneDNN instead of torch's BLAS, where that is the faster library.
+
+PyTorch's x86 wheels multiply float32 matrices with MKL, which runs its generic AVX2 kernels on AMD processors. On
+this project's 2-core AMD EPYC (avx512f, avx512_bf16, no AMX) a float32 product of SmolLM2's learner shapes (768 x 576
+by 576 x 1536 and the like) ran at 80-115 GFLOP/s on one core through MKL and at 170-260 through oneDNN, the
+library PyTorch bundles for its CPU inference kernels: 2-2.5x, for the forward product and both backward ones
+(``dX = dY W``, ``dW = dY^T X``), the same numbers to float32 rounding (``benchmarks/cpu_matmul.py``).
+
+:func:`use_cpu_matmul` makes every ``nn.Linear`` of the process (and :func:`mm`, the chunked LM head's products) send
+float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, which reads the weight as it is stored: no
+copy), with a backward of its own of the same products. Everything else keeps torch's path: other dtypes, autocast
+(``learner.precision=bf16_mixed``), GPUs, tensor subclasses (sharded DTensors, 4-bit weights), tracing under
+``torch.compile``. The mode (``learner.cpu_matmul``): ``auto`` uses oneDNN on AMD x86 CPUs (where it was measured
+faster) and torch's BLAS elsewhere; ``onednn`` and ``torch`` force one.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("auto", "onednn", "torch")
+_state = {"active": False, "installed": False}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """True where this torch has oneDNN's linear op (x86 and arm64 CPU builds)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's ``vendor_id`` (GenuineIntel, AuthenticAMD, ...; empty where /proc/cpuinfo does not say)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def resolve(mode: str) -> bool:
+    """Whether ``mode`` sends float32 CPU products to oneDNN on this machine; refuses an unknown mode, and
+    ``onednn`` where this torch lacks it, in one line."""
+    if mode not in MODES:
+        raise ValueError(f"learner.cpu_matmul={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "onednn" and not onednn_available():
+        raise ValueError(f"learner.cpu_matmul=onednn: this torch {torch.__version__} has no oneDNN linear op "
+                         "(torch.ops.mkldnn._linear_pointwise); use learner.cpu_matmul=auto or torch")
+    if mode == "auto":
+        return onednn_available() and platform.machine() in ("x86_64", "AMD64") and cpu_vendor() == "AuthenticAMD"
+    return mode == "onednn"
+
+
+def use_cpu_matmul(mode: str | None = None) -> bool:
+    """Route float32 CPU linear layers by ``mode`` from now on in this process (None: keep the mode set before,
+    ``auto`` at first); returns whether oneDNN is used. Installs the routing into ``nn.Linear`` once."""
+    if mode is not None or not _state["installed"]:
+        _state["active"] = resolve(mode or "auto")
+    if not _state["installed"]:
+        torch.nn.Linear.forward = _linear_forward
+        _state["installed"] = True
+    return _state["active"]
+
+
+def in_use() -> bool:
+    """Whether this process's ``nn.Linear`` layers send float32 CPU products to oneDNN."""
+    return _state["installed"] and _state["active"]
+
+
+def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
+
+
+def _routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (_state["active"] and type(x) in _PLAIN and type(weight) in _PLAIN and x.device.type == "cpu"
+            and x.dtype == weight.dtype == torch.float32 and x.numel() > 0 and weight.numel() > 0
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN (``weight`` [out, in], either memory order)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, by oneDNN where routed (with its backward), else torch's."""
+    if not _routed(x, weight) or (bias is not None and type(bias) not in _PLAIN):
+        return F.linear(x, weight, bias)
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    return _Linear.apply(x, weight, bias) if grads else onednn_linear(x, weight, bias)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N] without gradients (a custom backward's products), by oneDNN
+    where routed."""
+    return onednn_linear(a, b.T) if _routed(a, b) and a.dim() == b.dim() == 2 else a @ b
+
+
+class _Linear(torch.autograd.Function):
+    """``x W^T + b`` and its backward, every product by oneDNN: ``dX = dY W``, ``dW = dY^T X``, ``db = sum dY``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad = grad.contiguous()
+        rows = grad.reshape(-1, grad.shape[-1])  # [M, out]
+        d_x = onednn_linear(grad, weight.T) if need_x else None
+        d_w = onednn_linear(rows.T, x.reshape(-1, x.shape[-1]).T) if need_w else None
+        d_b = rows.sum(0) if need_b and ctx.has_bias else None
+        return d_x, d_w, d_b
