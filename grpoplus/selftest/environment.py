@@ -87,9 +87,11 @@ def _cpuinfo(field: str) -> str:
 
 def _cpu_facts() -> dict:
     from grpoplus.learner.precision import cpu_has_native_bf16
+    from grpoplus.models.cpu_matmul import resolve
 
     return {"device": "cpu", "device_name": _cpuinfo("model name") or platform.machine(),
-            "bf16_native": cpu_has_native_bf16(), "tf32": False, "threads": torch.get_num_threads()}
+            "vendor": _cpuinfo("vendor_id"), "bf16_native": cpu_has_native_bf16(), "tf32": False,
+            "threads": torch.get_num_threads(), "fp32_products": "onednn" if resolve("auto") else "torch"}
 
 
 def _cuda_facts(device: str) -> dict:

@@ -201,7 +201,8 @@ def _environment_line(env: dict, problem: str | None) -> str:
     if env["device"] == "cpu":
         flags = " ".join(env["cpu_flags"]) or "none of " + " ".join(("avx2", "avx512_bf16", "amx"))
         return (f"PASS environment  torch {env['torch']}, transformers {env['transformers']}, CPU {env['cpu_cores']} "
-                f"cores ({flags}), bf16 {'native' if env['bf16_native'] else 'emulated'}")
+                f"cores ({flags}), bf16 {'native' if env['bf16_native'] else 'emulated'}, float32 products by "
+                f"{env['fp32_products']} (learner.cpu_matmul=auto)")
     return (f"PASS environment  torch {env['torch']} (CUDA {env['cuda']}, driver {env['driver'] or '?'}, NCCL "
             f"{env['nccl'] or 'missing'}), transformers {env['transformers']}, {env['device_name']} "
             f"{env['memory_total_gb']} GB ({env['memory_free_gb']} GB free), capability {env['capability']}, bf16 "
