@@ -96,13 +96,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N] without gradients (a custom backward's products), by oneDNN
-    where routed."""
-    return onednn_linear(a, b.T) if _routed(a, b) and a.dim() == b.dim() == 2 else a @ b
+    """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N] in a custom autograd function's forward or backward, by oneDNN
+    where routed; torch's differentiable product where grad mode is on (a backward building a second derivative)."""
+    routed = _routed(a, b) and a.dim() == b.dim() == 2 and not torch.is_grad_enabled()
+    return onednn_linear(a, b.T) if routed else a @ b
 
 
 class _Linear(torch.autograd.Function):
-    """``x W^T + b`` and its backward, every product by oneDNN: ``dX = dY W``, ``dW = dY^T X``, ``db = sum dY``."""
+    """``x W^T + b`` and its backward, every product by oneDNN: ``dX = dY W``, ``dW = dY^T X``, ``db = sum dY``
+    (by torch's differentiable products when the backward builds a graph for a second derivative)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -116,7 +118,9 @@ class _Linear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         grad = grad.contiguous()
         rows = grad.reshape(-1, grad.shape[-1])  # [M, out]
-        d_x = onednn_linear(grad, weight.T) if need_x else None
-        d_w = onednn_linear(rows.T, x.reshape(-1, x.shape[-1]).T) if need_w else None
+        # create_graph (a second derivative): torch's differentiable products; else oneDNN's
+        product = (lambda a, b: a @ b.T) if torch.is_grad_enabled() else onednn_linear
+        d_x = product(grad, weight.T) if need_x else None
+        d_w = product(rows.T, x.reshape(-1, x.shape[-1]).T) if need_w else None
         d_b = rows.sum(0) if need_b and ctx.has_bias else None
         return d_x, d_w, d_b

@@ -156,3 +156,19 @@ def test_linear_falls_back_to_torch_for_an_empty_batch(mode):
     mode("onednn" if cpu_matmul.onednn_available() else "torch")
     layer = torch.nn.Linear(8, 4)
     assert linear(torch.randn(0, 8), layer.weight, layer.bias).shape == (0, 4)
+
+
+@needs_onednn
+def test_a_second_derivative_through_a_routed_layer_is_torchs(mode):
+    def second(mode_name):
+        mode(mode_name)
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 4)
+        x = torch.randn(3, 8, requires_grad=True)
+        (grad,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+        return grad.detach(), torch.autograd.grad(grad.pow(2).sum(), (x, layer.weight))
+
+    grad, (xx, xw) = second("torch")
+    grad_dnn, (xx_dnn, xw_dnn) = second("onednn")
+    for want, have in ((grad, grad_dnn), (xx, xx_dnn), (xw, xw_dnn)):
+        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6)
