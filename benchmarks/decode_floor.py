@@ -33,8 +33,6 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from smollm2_vs_trl import matmul_gflops_now  # noqa: E402
 
-from grpoplus.models.cpu_matmul import onednn_available  # noqa: E402
-
 KINDS = {"reorder_weights": ("reorder",), "linear": ("linear", "addmm", "mm"), "attention": ("attention",),
          "sampling": ("softmax", "cumsum", "exp", "searchsorted", "rand", "gather", "div", "double", "isin"),
          "cache_copy": ("index", "copy_")}
@@ -115,7 +113,7 @@ def main() -> None:
         engines["compiled"] = HFEngine(model, tok, EngineOptions(compile=True))
     first = {name: timed_rollout(e, prompts, params, prefill_s)["rollout_s"] for name, e in engines.items()}
     torch_gflops = matmul_gflops_now(size=1024)
-    gflops = max(torch_gflops, matmul_gflops_now(size=1024, onednn=True) if onednn_available() else 0.0)
+    gflops = max(torch_gflops, matmul_gflops_now(size=1024, onednn=True))
     gbs = memory_gbs_now()
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for _ in range(args.repeats):

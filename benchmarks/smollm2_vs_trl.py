@@ -54,7 +54,10 @@ def matmul_gflops_now(size: int = 2048, repeats: int = 10, device: str = "cpu", 
                       warmup: int = 1, onednn: bool = False) -> float:
     """The matmul rate (GFLOP/s) this process gets right now on ``device`` in ``dtype`` (a machine's peak drifts, and
     a CPU is shared), ``size`` x ``size`` matrices timed over ``repeats`` products after ``warmup`` ones; torch's
-    product, or ``onednn``: the one grpoplus's learner.cpu_matmul=onednn makes (a float32 CPU product)."""
+    product, or ``onednn``: the one grpoplus's learner.cpu_matmul=onednn makes (a float32 CPU product; 0.0 where this
+    torch lacks it)."""
+    if onednn and not cpu_matmul.onednn_available():
+        return 0.0  # this torch has no oneDNN linear op
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     product = (lambda: cpu_matmul.onednn_linear(a, b.T)) if onednn else (lambda: a @ b)
     for _ in range(warmup):
@@ -236,7 +239,7 @@ def main() -> None:
         tok.save_pretrained(args.model)
         return print(json.dumps({"saved": args.model}))
     gflops = matmul_gflops_now()  # before the run, so that its memory is not in the side's peak
-    onednn_gflops = matmul_gflops_now(onednn=True) if cpu_matmul.onednn_available() else 0.0
+    onednn_gflops = matmul_gflops_now(onednn=True)
     started = time.perf_counter()
     record = run_trl(args.model, args.steps, args.warmup) if args.which == "trl" else \
         run_grpoplus(args.model, args.steps, args.warmup, overrides)

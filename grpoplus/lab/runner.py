@@ -132,11 +132,9 @@ def machine_info() -> dict[str, Any]:
     """What the figures were measured on: CPU count and model, platform, torch and its threads."""
     import torch
 
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), flags=re.M)
-        model = names[0].strip() if names else model
+    from grpoplus.models.device import cpuinfo
+
+    model = cpuinfo("model name") or platform.processor() or platform.machine()
     cpus = os.cpu_count()
     return {"cpus": cpus, "cpu": model, "platform": platform.platform(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "summary": f"{cpus} CPUs ({model}), torch {torch.__version__}"}

@@ -22,6 +22,8 @@ import platform
 import torch
 import torch.nn.functional as F
 
+from grpoplus.models.device import cpuinfo
+
 MODES = ("auto", "onednn", "torch")
 _state = {"active": False, "installed": False}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -36,11 +38,7 @@ def onednn_available() -> bool:
 @functools.cache
 def cpu_vendor() -> str:
     """The CPU's ``vendor_id`` (GenuineIntel, AuthenticAMD, ...; empty where /proc/cpuinfo does not say)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
+    return cpuinfo("vendor_id")
 
 
 def resolve(mode: str) -> bool:
@@ -104,7 +102,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class _Linear(torch.autograd.Function):
     """``x W^T + b`` and its backward, every product by oneDNN: ``dX = dY W``, ``dW = dY^T X``, ``db = sum dY``
-    (by torch's differentiable products when the backward builds a graph for a second derivative)."""
+    (through :func:`mm`: torch's differentiable products when the backward builds a graph for a second derivative)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -116,11 +114,8 @@ class _Linear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        grad = grad.contiguous()
-        rows = grad.reshape(-1, grad.shape[-1])  # [M, out]
-        # create_graph (a second derivative): torch's differentiable products; else oneDNN's
-        product = (lambda a, b: a @ b.T) if torch.is_grad_enabled() else onednn_linear
-        d_x = product(grad, weight.T) if need_x else None
-        d_w = product(rows.T, x.reshape(-1, x.shape[-1]).T) if need_w else None
+        rows = grad.reshape(-1, grad.shape[-1])  # [M, out]; mm takes torch's product under create_graph
+        d_x = mm(rows, weight).view(*grad.shape[:-1], weight.shape[1]) if need_x else None
+        d_w = mm(rows.T, x.reshape(-1, x.shape[-1])) if need_w else None
         d_b = rows.sum(0) if need_b and ctx.has_bias else None
         return d_x, d_w, d_b

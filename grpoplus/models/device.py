@@ -28,3 +28,16 @@ def autocast_to(dtype: torch.dtype | None, device: str | torch.device):
     if dtype is None or dtype == torch.float32:
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo ("" where it is not readable): ``model name``, ``vendor_id``,
+    ``flags``."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

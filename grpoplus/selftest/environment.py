@@ -15,6 +15,7 @@ import subprocess
 import torch
 
 from grpoplus import __version__
+from grpoplus.models.device import cpuinfo
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 """The /proc/cpuinfo flags that decide CPU speed in fp32 and bf16 (oneDNN's kernels)."""
@@ -69,28 +70,16 @@ def nccl_problem() -> str | None:
 
 def cpu_flags() -> list[str]:
     """Those of :data:`CPU_FLAGS` this CPU has (empty where /proc/cpuinfo is not readable)."""
-    have = set(_cpuinfo("flags").split())
+    have = set(cpuinfo("flags").split())
     return [flag for flag in CPU_FLAGS if flag in have]
-
-
-def _cpuinfo(field: str) -> str:
-    """The first value of ``field`` in /proc/cpuinfo ("" where it is not readable)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.split(":", 1)[0].strip() == field:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _cpu_facts() -> dict:
     from grpoplus.learner.precision import cpu_has_native_bf16
-    from grpoplus.models.cpu_matmul import resolve
+    from grpoplus.models.cpu_matmul import cpu_vendor, resolve
 
-    return {"device": "cpu", "device_name": _cpuinfo("model name") or platform.machine(),
-            "vendor": _cpuinfo("vendor_id"), "bf16_native": cpu_has_native_bf16(), "tf32": False,
+    return {"device": "cpu", "device_name": cpuinfo("model name") or platform.machine(),
+            "vendor": cpu_vendor(), "bf16_native": cpu_has_native_bf16(), "tf32": False,
             "threads": torch.get_num_threads(), "fp32_products": "onednn" if resolve("auto") else "torch"}
 
 
