@@ -1,5 +1,3 @@
-import sys
+from grpoplus.cli import entry
 
-from grpoplus.cli import main
-
-sys.exit(main())
+entry()

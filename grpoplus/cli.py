@@ -192,5 +192,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def entry() -> None:
+    """The process's entry point (the ``grpoplus`` command, ``python -m grpoplus``, each rank torchrun starts): exits
+    with :func:`main`'s status; without the interpreter's finalization where a learner rank's process group did not
+    tear down in time (finalization could wait on it forever: the run's work is written by then)."""
+    code = main()
+    from grpoplus.distributed.group import teardown_stalled
+
+    if teardown_stalled():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

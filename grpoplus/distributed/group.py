@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0
+_TEARDOWN = {"stalled": False}
 RESUME_HINT = ("the run directory keeps its last complete checkpoint: continue with "
                "`grpoplus train --resume RUN`")
 
@@ -141,10 +142,17 @@ class RankGroup:
         except RuntimeError as err:
             raise self._failure(what, err) from err
 
+    def stopping(self) -> None:
+        """Every rank at the end of its last update before any tears the group down (rank 0 after sending
+        ``stop``, each follower on receiving it): a bounded barrier, so no rank destroys its connections while a
+        peer still reads from them."""
+        self._call("the closing barrier", lambda: dist.barrier(group=self.objects))
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Destroy the process group, within ``timeout_s``: ``destroy_process_group`` can hang now and then when the
-        run is over (pytorch#75097; seen once in a CI run here: the checkpoint written, one rank never exited), so it
-        runs in a daemon thread and a rank that waits longer says so and goes on exiting."""
+        run is over (pytorch#75097; seen in CI runs here: the checkpoint written, one rank never exited), so it runs in
+        a daemon thread; a rank that waits longer says so, and :func:`teardown_stalled` tells the process's entry
+        point to exit without the interpreter's finalization (which can wait on the stuck teardown in turn)."""
         if not dist.is_initialized():
             return
         done = threading.Event()
@@ -155,6 +163,7 @@ class RankGroup:
 
         threading.Thread(target=destroy, name="grpoplus-destroy-group", daemon=True).start()
         if not done.wait(timeout_s):
+            _TEARDOWN["stalled"] = True
             print(f"grpoplus learner rank {self.rank}: note: torch.distributed.destroy_process_group did not return "
                   f"within {timeout_s:.0f} s after the run; exiting without it", file=sys.stderr)
 
@@ -169,6 +178,12 @@ class RankGroup:
         return RoleError(f"learner rank {self.rank} of {self.world}: {what} failed ({first_line(err)}; time "
                          f"limit {self.timeout_s:.0f} s, learner.collective_timeout_s){'; ' + peers if peers else ''}"
                          f"; another learner rank died or stopped answering (see its log); {RESUME_HINT}")
+
+
+def teardown_stalled() -> bool:
+    """True once a process group's teardown in this process did not finish in time (:meth:`RankGroup.close`): the
+    process should end with ``os._exit`` after flushing its output."""
+    return _TEARDOWN["stalled"]
 
 
 def _on_cpu(obj):

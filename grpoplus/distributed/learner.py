@@ -128,6 +128,7 @@ class Learner:
         if self.group is not None:
             if not self._broken:
                 self.group.send("stop")
+                self.group.stopping()
             self.group.close()
         if self.launcher is not None:
             self.launcher.close()
@@ -207,5 +208,6 @@ def follow(parts: LearnerParts, algo: A.AlgoConfig, plan: LearnerPlan, group: Ra
     while True:
         command, payload = group.receive()
         if command == "stop":
+            group.stopping()
             return
         handlers[command](payload)

@@ -16,6 +16,7 @@ during an update is a :class:`RoleError` naming the rank and the fix.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -69,13 +70,20 @@ def _summed(process_group, bucket):  # unannotated: DDP checks annotations again
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+# Buffers are not synchronised in forward (every rank's are equal already; init_sync=False skips the start): torch
+# 2.13 names this forward_sync_buffers and warns on broadcast_buffers, which earlier releases (the GPU images) take.
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                   else {"broadcast_buffers": False})
+
+
 class ReplicateHooks(RankHooks):
     """``learner.strategy=replicate``: DDP sums the gradients of each rank's last micro-batch backward."""
 
     def __init__(self, group: RankGroup, model: torch.nn.Module):
         super().__init__(group)
-        self.ddp = DistributedDataParallel(LearnerForward(model), broadcast_buffers=False, init_sync=False,
-                                           gradient_as_bucket_view=True)
+        self.ddp = DistributedDataParallel(LearnerForward(model), init_sync=False, gradient_as_bucket_view=True,
+                                           **_NO_BUFFER_SYNC)
         self.ddp.register_comm_hook(None, _summed)
 
     def share(self, micro: list) -> tuple[list, list]:

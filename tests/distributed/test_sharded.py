@@ -1,13 +1,13 @@
 """learner.strategy=fsdp2: 2 gloo ranks shard the policy and train like one process (to float32 summation
 order), with uneven micro-batch shares, resume exactly after SIGKILL, and write checkpoints any strategy resumes."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from bounded import run_bounded
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -25,13 +25,11 @@ FSDP2 = ["data_parallel=2", "strategy=fsdp2"]
 
 def _train(out, *args: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
-    return subprocess.run([*cmd, "train", "--out", str(out), *args], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=900)
+    return run_bounded([*cmd, "train", "--out", str(out), *args])
 
 
 def _resume(out, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpoplus", "train", "--resume", str(out), *overrides],
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+    return run_bounded([sys.executable, "-m", "grpoplus", "train", "--resume", str(out), *overrides])
 
 
 def _weights(run, step=4) -> dict:

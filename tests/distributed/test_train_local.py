@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bounded import run_bounded
 from safetensors.torch import load_file
 
 from grpoplus.collect import collect
@@ -32,8 +33,7 @@ SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6
 
 def _cli(args: list[str], kill_at: int | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, KILLER, str(kill_at)] if kill_at else [sys.executable, "-m", "grpoplus"]
-    return subprocess.run([*cmd, "train", *args], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=900)
+    return run_bounded([*cmd, "train", *args])
 
 
 def _comparable(records):
@@ -58,10 +58,9 @@ def test_two_learner_ranks_train_like_one_process_under_both_launchers_and_resum
     assert _comparable(read_metrics(two)) == _comparable(read_metrics(one))
     assert _same(_weights(two, 5), _weights(one, 5))
     torchrun = tmp_path / "torchrun"  # the same 2 ranks started by torchrun: every rank runs `grpoplus train`
-    run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
-                          "--nproc_per_node=2", "-m", "grpoplus", "train", "--out", str(torchrun), *common,
-                          "data_parallel=2"], env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                         text=True, timeout=900)
+    run = run_bounded([os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
+                       "--nproc_per_node=2", "-m", "grpoplus", "train", "--out", str(torchrun), *common,
+                       "data_parallel=2"])
     assert run.returncode == 0, run.stderr[-2000:]
     assert _comparable(read_metrics(torchrun)) == _comparable(read_metrics(one))
     assert _same(_weights(torchrun, 5), _weights(one, 5))
