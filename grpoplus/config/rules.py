@@ -209,6 +209,15 @@ def _packages(cfg: Config) -> None:
     _check_packages(cfg)
 
 
+@rule("cpu_matmul")
+def _cpu_matmul(cfg: Config) -> None:
+    """learner.cpu_matmul=onednn needs this torch's oneDNN linear op (on the machine that starts a local run)."""
+    if cfg.run.cluster == "local":
+        from grpoplus.models.cpu_matmul import resolve
+
+        resolve(cfg.learner.cpu_matmul)
+
+
 @rule("routing_replay")
 def _routing_replay(cfg: Config) -> None:
     """Routing replay has its routing to replay: R2 records the learner's in the logp_old pass (not the sampler's

@@ -127,7 +127,7 @@ def machine_needs(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> 
             needs.append(f"learner.device={lrn.device} needs a CUDA GPU, and this machine has none")
     for what, ms in (("learner.model", policy), ("learner.teacher", teacher)):
         if ms is not None and not ms.on_disk:
-            needs.append(f"{what}: the model {ms.name!r} is not on this machine (download it there first)")
+            needs.append(f"{what}: the model {ms.name!r} is not on this machine ({_how_to_get(ms.name)})")
     for key in ("data", "eval_data", "prm"):
         path = getattr(cfg.data, key)
         if path is not None and not Path(path).expanduser().exists():
@@ -205,3 +205,9 @@ def _load_checks(cfg: Config, params: int, gpu: bool) -> list[str]:
     return notes
 
 
+def _how_to_get(name: str) -> str:
+    """What to do about a model that is not on disk: a hub id (``owner/name``) is downloaded; a local path (an earlier
+    stage's checkpoint, ``runs/sft/checkpoints/step-15``) is written by the run that makes it, or corrected."""
+    local = name.startswith(("/", ".", "~")) or name.count("/") > 1
+    return ("a local path: run the stage that writes that checkpoint first, or correct the path" if local
+            else "download it there first")

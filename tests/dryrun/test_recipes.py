@@ -194,6 +194,10 @@ def test_a_missing_package_or_device_is_a_need_not_an_error(monkeypatch):
     assert "ray package" in " | ".join(dry_run(overrides=["cluster=ray", "rollout.workers=2"]).needs)
     assert "peft package" in " | ".join(dry_run(overrides=["lora_rank=8"]).needs)
     assert "needs a CUDA GPU" in " | ".join(dry_run(overrides=["learner.device=cuda"]).needs)
+    hub, local = (" | ".join(dry_run(overrides=[f"learner.model={m}"]).needs)
+                  for m in ("owner/some-model", "runs/tools-sft/checkpoints/step-15"))
+    assert "'owner/some-model' is not on this machine (download it there first)" in hub, hub
+    assert "step-15' is not on this machine (a local path: run the stage that writes that checkpoint first" in local
     with pytest.raises(ImportError, match="vllm"):  # a run still stops on it, before anything loads
         build_config(overrides=["rollout.engine=vllm"])
     with pytest.raises(ValueError, match="one device per rank"):

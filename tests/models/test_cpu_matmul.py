@@ -146,6 +146,13 @@ def test_a_mode_this_torch_cannot_run_is_refused_in_one_line(monkeypatch):
         resolve("fast")
 
 
+def test_a_local_run_is_refused_onednn_where_this_torch_lacks_it_before_any_model_loads(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^learner.cpu_matmul=onednn: this torch .* use learner.cpu_matmul=auto"):
+        build_config(overrides=["learner.cpu_matmul=onednn"])
+    assert build_config(overrides=["learner.cpu_matmul=auto"]).learner.cpu_matmul == "auto"
+
+
 def test_the_config_key_takes_the_three_modes_and_refuses_others():
     assert build_config(overrides=["learner.cpu_matmul=torch"]).learner.cpu_matmul == "torch"
     with pytest.raises(Exception, match="cpu_matmul"):
