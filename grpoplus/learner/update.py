@@ -12,6 +12,7 @@ against the sampler's (off): ``moe/*`` metrics, :mod:`grpoplus.learner.replay`.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -267,6 +268,15 @@ def training_routing(model, batch: TrainBatch, plan: LearnerPlan, tally: Routing
                           replay=plan.routing_replay != "off", tally=tally)
 
 
+def count_step(scheduler) -> None:
+    """One optimizer step on the schedule, taken or skipped (a skipped step counts: the schedule follows the run's
+    steps). torch warns when a run's first steps were skipped ("lr_scheduler.step() before optimizer.step()"): the
+    order is intended here, so that warning is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
+
+
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan,
                   entropy_control: EntropyControl | None = None, first_step: int = 0,
                   hooks: UpdateHooks = ONE_PROCESS, teacher: torch.nn.Module | None = None) -> UpdateResult:
@@ -281,7 +291,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)
     if not bool(batch.response_mask.any()):  # every trajectory ended before the model sampled (environment errors)
         for _ in range(algo.updates_per_batch):
-            scheduler.step()  # the schedule counts optimizer steps, skipped ones too
+            count_step(scheduler)
         return UpdateResult({"optim/skipped_updates": float(algo.updates_per_batch), "optim/empty_batch": 1.0,
                              "optim/lr": optimizer.param_groups[0]["lr"]}, None)
     model.train()
@@ -296,7 +306,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
                 metrics["moe/routing_mismatch_first"] = metrics["moe/routing_mismatch"]
             skipped += not stepped
             k += 1
-            scheduler.step()
+            count_step(scheduler)
             if algo.entropy_bonus and stepped and math.isfinite(metrics.get("loss/entropy", math.nan)):
                 control.update(metrics["loss/entropy"])
             parts.append((finite(metrics), 1.0))

@@ -6,19 +6,21 @@ with a FutureWarning on every call); the releases before take only ``past_key_va
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
 
+_KEYWORDS: dict = {}  # forward function -> its keyword (a plain dict: torch.compile traces through it quietly)
 
-@functools.cache
+
 def _cache_keyword(forward) -> str:
-    try:
-        params = inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
+    if forward not in _KEYWORDS:
+        try:
+            params = inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _KEYWORDS[forward] = "cache" if "cache" in params else "past_key_values"
+    return _KEYWORDS[forward]
 
 
 def cache_kwargs(module: torch.nn.Module, cache) -> dict:

@@ -117,6 +117,7 @@ def test_the_guess_task_runs_on_a_model_with_recurrent_state(tmp_path, tok, fami
     assert all(v == v for r in records for v in r.values())  # nothing NaN
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # and without torch's scheduler-order warning: the skip is intended
 def test_a_step_whose_every_trajectory_failed_before_sampling_is_counted_and_the_run_goes_on(nano_dir, env_data):
     # every game of rows "99" cannot start: nothing was sampled, nothing to learn from; the run counts it and goes on
     rows = [{"prompt": f"{i}?", "answer": "99"} for i in range(8)]
