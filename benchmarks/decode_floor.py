@@ -50,9 +50,9 @@ def memory_gbs_now() -> float:
 
 
 def cpu_flags() -> str:
-    with open("/proc/cpuinfo") as handle:
-        flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))))
+    from grpoplus.models.device import cpuinfo
+
+    return " ".join(sorted(f for f in cpuinfo("flags").split() if f.startswith(("avx", "amx", "fma", "f16c"))))
 
 
 def load():

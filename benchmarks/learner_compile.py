@@ -31,16 +31,12 @@ import torch
 
 from benchmarks.packing import load, step, varied_batch
 from grpoplus.learner.compiling import compiled_graphs
+from grpoplus.models.device import cpuinfo
 
 
 def cpu_flags() -> str:
     """The vector-extension flags of this CPU (avx2, avx512*, amx*) from /proc/cpuinfo; empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return ""
-    return " ".join(sorted(f for f in set(flags) if f.startswith(("avx2", "avx512", "amx", "fma"))))
+    return " ".join(sorted(f for f in set(cpuinfo("flags").split()) if f.startswith(("avx2", "avx512", "amx", "fma"))))
 
 
 def main() -> None:
