@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     from grpoplus.distributed import RoleError
+    from grpoplus.metrics.guard import HealthStop
     from grpoplus.packages import install_hint
     from grpoplus.rewards import RewardError
     from grpoplus.rollout import EngineError
@@ -183,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as err:  # a missing optional package: the pip install that adds it
         print(f"grpoplus {args.command}: error: {install_hint(err)}", file=sys.stderr)
         return 2
+    except HealthStop as err:  # the run learned nothing for health.stop_after steps: its checkpoint is written
+        print(f"grpoplus {args.command}: stopped: {err}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("interrupted: the last complete checkpoint and metrics.jsonl are kept; "
               "continue with `grpoplus train --resume RUN`", file=sys.stderr)

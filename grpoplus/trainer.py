@@ -23,6 +23,7 @@ from grpoplus.distributed.local import follow_torchrun, torchrun_follower
 from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
+from grpoplus.metrics.guard import GuardPlan, HealthGuard, HealthStop
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
@@ -163,9 +164,11 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
     truncate_jsonl(run_dir.samples, start)
     writer = MetricsWriter(run_dir.root, loggers=cfg.run.loggers, resume_step=start if resumed else None,
                            config=cfg.to_dict())
-    doctor = LiveDoctor(batch_info=batch_info_from_config(cfg.to_dict()), every=cfg.run.doctor_every)
+    info = batch_info_from_config(cfg.to_dict())
+    doctor = LiveDoctor(batch_info=info, every=cfg.run.doctor_every)
     records = []
     history = read_metrics(run_dir.root) if resumed else []  # the steps before this call, for the doctor
+    guard = HealthGuard(GuardPlan(cfg.health.warn, cfg.health.stop_after), info, history)
     progress = Progress(cfg, start)
     try:
         if start == 0:
@@ -186,6 +189,9 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             records.append(log(writer, step, metrics))
             history.append(records[-1])
             stop = _notify(callbacks, records[-1])
+            for line in guard.observe(step, records[-1]):
+                progress.write(line)
+            stop = stop or guard.stop_reason is not None
             run_dir.write_samples(step, scored, cfg.run.log_samples)
             if last or stop or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
@@ -195,11 +201,15 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
                 for finding in doctor.check(history):
                     progress.write(f"doctor: {finding.one_line()}")
             if stop:
-                progress.write(f"stopped by a callback after step {step}")
+                if guard.stop_reason is None:
+                    progress.write(f"stopped by a callback after step {step}")
                 break
     finally:
         progress.close()
         writer.close()
+    if guard.stop_reason is not None:
+        raise HealthStop(f"{guard.stop_reason}; checkpoint {ckpt.latest_checkpoint(run_dir.root)} (grpoplus doctor "
+                         f"{run_dir.root} says more; grpoplus train --resume {run_dir.root} continues it)")
     if cfg.run.progress:
         for line in closing_lines(history, run_dir.root):
             print(line, file=sys.stderr)

@@ -112,6 +112,17 @@ def _positive_sizes(cfg: Config) -> None:
                          f"got {cfg.learner.micro_batch_tokens}")
 
 
+@rule("health")
+def _health(cfg: Config) -> None:
+    """The guard's stop counts steps (0 = never stops) and a sync-gap bound is a positive number."""
+    h = cfg.health
+    if h.stop_after < 0:
+        raise ValueError(f"config key health.stop_after must be >= 0 (0 = never stop), got {h.stop_after}")
+    if h.sync_gap_max is not None and not h.sync_gap_max > 0:
+        raise ValueError(f"config key health.sync_gap_max must be > 0 (or null: the precision's bound), got "
+                         f"{h.sync_gap_max}")
+
+
 @rule("lora")
 def _check_lora(cfg: Config) -> None:
     """LoRA's rank, alpha, dropout and target modules are valid, peft is installed, and the run is one process."""

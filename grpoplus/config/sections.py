@@ -345,6 +345,20 @@ class RayConfig:
     workers, gloo on CPU, NCCL on GPUs, each bounded by learner.collective_timeout_s)."""
 
 
+@dataclass
+class HealthConfig:
+    warn: bool = True
+    """Print a warning the step a certain-failure signal fires (every completion truncated, every group of zero
+    reward spread, every update non-finite, the engine's log-probs off the learner's right after a weight sync),
+    naming the cause and the key to change."""
+    stop_after: int = 20
+    """Stop the run (exit status 3, its checkpoint written) after this many consecutive steps with no learning
+    signal (every group of zero spread, or every update non-finite); 0 = never stop."""
+    sync_gap_max: float | None = None
+    """Largest mismatch/k3 of the tokens just sampled with the current weights before the sync_gap warning: None =
+    the precision's bound (1e-6 for fp32, 0.05 for bf16 or TF32; unchecked for an int8 or fp8 sampler)."""
+
+
 SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "data": DataConfig,
@@ -353,6 +367,7 @@ SECTIONS: dict[str, type] = {
     "algo": AlgoConfig,
     "ray": RayConfig,
     "sft": SftConfig,
+    "health": HealthConfig,
 }
 
 BOOL_CHOICES: dict[str, dict[bool, str]] = {"run.release_memory": {True: "phases", False: "off"},
@@ -372,6 +387,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.preset("dapo"))
     ray: RayConfig = field(default_factory=RayConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def to_dict(self) -> dict:
         return {name: section_dict(getattr(self, name)) for name in SECTIONS}

@@ -60,11 +60,17 @@ def batch_info_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     (``config.yaml``, or ``Config.to_dict()``); keys the config lacks are left out.
 
     ``responses`` (trained per step) = prompts_per_step x group_size; ``updates_per_batch``
-    = num_iterations x num_minibatches (optimizer steps per rollout batch).
+    = num_iterations x num_minibatches (optimizer steps per rollout batch); the precision, TF32, sampler weights and
+    ``health.sync_gap_max`` set the sync_gap signal's bound (:func:`grpoplus.metrics.signals.sync_gap_bound`).
     """
     rollout, algo = config.get("rollout") or {}, config.get("algo") or {}
-    info: dict[str, Any] = {k: rollout[k] for k in ("group_size", "max_staleness") if k in rollout}
+    learner, health = config.get("learner") or {}, config.get("health") or {}
+    info: dict[str, Any] = {k: rollout[k] for k in ("group_size", "max_staleness", "quantization", "engine")
+                             if k in rollout}
     info.update({k: algo[k] for k in ("loss", "adv_estimator", "routing_replay") if k in algo})
+    info.update({k: learner[k] for k in ("precision", "tf32") if k in learner})
+    if health.get("sync_gap_max") is not None:
+        info["sync_gap_max"] = health["sync_gap_max"]
     if "group_size" in rollout and "prompts_per_step" in rollout:
         info["responses"] = rollout["prompts_per_step"] * rollout["group_size"]
     if "num_iterations" in algo or "num_minibatches" in algo:

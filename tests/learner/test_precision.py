@@ -89,7 +89,11 @@ def test_bf16_mixed_trains_float32_master_weights_close_to_fp32(tmp_path):
             c.close()
     (m32, w32), (m16, w16) = runs["fp32"], runs["bf16_mixed"]
     assert m32[0]["mismatch/abs_p_diff_max"] < 1e-5  # fp32: the sampler is the learner, to float32 rounding
-    assert 1e-3 < m16[0]["mismatch/abs_p_diff_max"] < 0.2  # bf16: the sampler/learner gap is measured, not hidden
+    # bf16: the sampler/learner gap is measured, not hidden: far above fp32's rounding, far below a different policy.
+    # Its size depends on the CPU's bf16 kernels (6.8e-4 on an AMD EPYC, above 1e-3 on others), so the bound is
+    # relative to fp32's gap and loose below.
+    assert 1e-4 < m16[0]["mismatch/abs_p_diff_max"] < 0.2
+    assert m16[0]["mismatch/abs_p_diff_max"] > 10 * m32[0]["mismatch/abs_p_diff_max"]
     assert all(m["optim/skipped_updates"] == 0 for m in m16) and m16[1]["optim/grad_norm"] > 0
     moved = max(float((w16[n] - w32[n]).abs().max()) for n in w32)
     assert 0 < moved < 1e-2  # the same run, to bf16 rounding of the matmuls

@@ -237,8 +237,19 @@ def distill_trace(final_kl: float) -> list[dict]:
     return records
 
 
-CLIP_SETUP = {"loss": "clip", "updates_per_batch": 1, "group_size": 8}
-"""batch_info of a clip loss with one update per batch (what the default config gives)."""
+def all_truncated_trace() -> list[dict]:
+    """A healthy run whose every completion is cut from step 50 on."""
+    return _set(healthy_trace(), "length/truncated_frac", lambda t: 1.0 if t >= 50 else 0.01)
+
+
+def sync_gap_trace() -> list[dict]:
+    """A healthy bf16 run whose sampler leaves the learner at step 55 (k3 0.2: a stale weight sync)."""
+    return _set(healthy_trace(), "mismatch/k3", lambda t: 0.2 if t >= 55 else 2e-4)
+
+
+CLIP_SETUP = {"loss": "clip", "updates_per_batch": 1, "group_size": 8, "precision": "bf16_mixed", "engine": "hf"}
+"""batch_info of a clip loss with one update per batch (what the default config gives), in bf16 (the traces'
+sampler/learner gap, k3 2e-4, is a bf16 one)."""
 
 TRACES = {
     "healthy": (healthy_trace, set()),
@@ -253,6 +264,8 @@ TRACES = {
     "grad_explosion": (grad_explosion_trace, {"grad_explosion"}),
     "inert_clipping": (inert_clipping_trace, {"inert_clipping"}),
     "zero_advantage": (zero_advantage_trace, {"zero_advantage"}),
+    "all_truncated": (all_truncated_trace, {"all_truncated", "length_explosion"}),
+    "sync_gap": (sync_gap_trace, {"sync_gap", "mismatch_rising"}),
     "mismatch_with_staleness": (staleness_trace, {"mismatch_with_staleness"}),
     "routing_mismatch": (routing_mismatch_trace, {"routing_mismatch"}),
     "healthy_multi_turn": (multi_turn_trace, set()),

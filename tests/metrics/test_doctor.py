@@ -17,6 +17,7 @@ CODES = {
     "mismatch_rising", "reward_hacking", "noisy_reward", "nonfinite_updates", "grad_explosion",
     "inert_clipping", "zero_advantage", "mismatch_with_staleness", "routing_mismatch",
     "turn_limit", "env_failures", "tool_errors", "observation_crowding", "opd_stalled",
+    "all_truncated", "sync_gap",
 }
 
 

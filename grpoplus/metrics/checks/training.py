@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..series import Series, Trace, step_noise
+from ..signals import SIGNALS_BY_CODE
 from .base import CHECKS, DoctorThresholds, Finding, Severity, change_ratio, early_recent
 
 
@@ -161,7 +162,8 @@ def check_zero_advantage(trace: Trace, th: DoctorThresholds, info: Mapping) -> F
     if len(frac) < th.structural_min_steps:
         return None
     recent = frac.tail(th.structural_min_steps)
-    if recent.values.min() < 1.0:
+    no_spread = SIGNALS_BY_CODE["no_spread"]  # the health guard's definition of the signal
+    if not all(no_spread.fires({"groups/zero_std_frac": v}, info) for v in recent.values):
         return None
     return Finding(
         "zero_advantage", "severe", "every advantage is zero: training cannot learn",
