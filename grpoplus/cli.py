@@ -34,9 +34,10 @@ def _add_train(sub) -> None:
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="measure a model's held-out accuracy on a task, training nothing",
                        description="The evaluation a run makes at step 0, alone: the task's held-out split (or "
-                                   "--eval-data) with the run's sampling keys (eval_size, eval_samples, max_new_tokens, "
-                                   "tools, max_turns), written to OUT/eval.json, e.g. `grpoplus eval --model "
-                                   "runs/sft/checkpoints/step-100 --task wordproblems eval_size=128 --out runs/eval`.")
+                                   "--eval-data) with the run's evaluation keys (eval_size, eval_samples, eval_k, "
+                                   "eval_temperature, eval_max_new_tokens, tools, max_turns), written to OUT/eval.json, "
+                                   "e.g. `grpoplus eval --model runs/sft/checkpoints/step-100 --task wordproblems "
+                                   "eval_size=128 --out runs/eval`.")
     _run_flags(p)
     p.set_defaults(func=_eval, resume=None, dry_run=False)
 

@@ -1,4 +1,4 @@
-"""Held-out evaluation: greedy pass@1 and sampled pass@k on the task's test split."""
+"""Held-out evaluation: greedy pass@1 and, from n sampled responses per prompt, pass@k on the task's test split."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import torch
 
 from grpoplus.collect import sample
 from grpoplus.containers import SamplingParams
+from grpoplus.metrics.passk import mean_pass_at_k
 from grpoplus.tasks.base import is_correct, reward_fields
 
 
 @torch.no_grad()
 def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: float, top_p: float,
-             samples: int, seed: int, episodes=None) -> dict[str, float]:
-    """Greedy pass@1 (``eval/accuracy``), and with ``samples = k > 0`` the sampled pass@1
-    (``eval/accuracy_sampled``, mean over all k samples) and pass@k. With ``episodes`` (a multi-turn
+             samples: int, ks: tuple[int, ...], seed: int, episodes=None) -> dict[str, float]:
+    """Greedy pass@1 (``eval/accuracy``), and with ``samples = n > 0`` responses per prompt sampled at
+    ``temperature`` and ``top_p`` the sampled pass@1 (``eval/accuracy_sampled``, mean over all n samples) and
+    ``eval/pass@{k}`` for each k of ``ks`` (each <= n), Chen et al. 2021's unbiased estimator
+    (:func:`~grpoplus.metrics.passk.pass_at_k`). With ``episodes`` (a multi-turn
     :class:`~grpoplus.envs.plan.EpisodePlan`) every response is a game played to its end, and
     ``eval/turns_mean`` is the greedy games' mean number of turns."""
     t0 = time.perf_counter()
@@ -29,14 +32,22 @@ def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: 
         out["eval/tool_call_frac"] = env_metrics["env/tool_call_frac"]  # trajectories that called a tool
         out["eval/tool_errors"] = env_metrics["env/tool_errors"]
     if samples > 0:
-        gen = torch.Generator().manual_seed(seed)
-        params = SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        sampled, _ = sample(engine, examples, index, params, episodes, gen)
-        hits = _correct(task, sampled.texts, [examples[g] for g in sampled.group_ids.tolist()])
-        hits = hits.view(len(examples), samples)
-        out["eval/accuracy_sampled"] = float(hits.float().mean())
-        out[f"eval/pass@{samples}"] = float(hits.any(dim=1).float().mean())
+        out.update(_sampled(engine, task, examples, episodes, ks, seed,
+                            SamplingParams(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)))
     out["time/eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def _sampled(engine, task, examples: list, episodes, ks: tuple[int, ...], seed: int,
+             params: SamplingParams) -> dict[str, float]:
+    """``params.n`` sampled responses per example: their mean accuracy and pass@k for each k of ``ks``."""
+    gen = torch.Generator().manual_seed(seed)
+    sampled, _ = sample(engine, examples, list(range(len(examples))), params, episodes, gen)
+    hits = _correct(task, sampled.texts, [examples[g] for g in sampled.group_ids.tolist()])
+    hits = hits.view(len(examples), params.n)  # [P, n], groups contiguous
+    counts = hits.sum(dim=1).long().tolist()  # c of each problem
+    out = {"eval/accuracy_sampled": float(hits.mean())}
+    out.update({f"eval/pass@{k}": mean_pass_at_k(params.n, counts, k) for k in ks})
     return out
 
 

@@ -27,7 +27,7 @@ from grpoplus.metrics.guard import GuardPlan, HealthGuard, HealthStop
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
-from grpoplus.plan import resolve
+from grpoplus.plan import eval_plan, resolve
 from grpoplus.rundir import RunDir
 
 
@@ -71,9 +71,9 @@ def run_eval(cfg: Config, c: Components, step: int) -> dict:
         metrics["eval/loss"] = held_out_loss(c.learner.parts.policy, c.demos.held_out, c.tokenizer.pad_token_id,
                                              c.learner.plan)
     if c.demos is None or cfg.sft.eval_accuracy:
-        metrics.update(evaluate(c.engine, c.task, c.test, max_new_tokens=cfg.rollout.max_new_tokens,
-                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                samples=cfg.rollout.eval_samples, seed=cfg.run.seed * 7919 + step,
+        e = eval_plan(cfg)
+        metrics.update(evaluate(c.engine, c.task, c.test, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                                top_p=e.top_p, samples=e.samples, ks=e.ks, seed=cfg.run.seed * 7919 + step,
                                 episodes=c.collect_plan.episodes))
     return metrics
 

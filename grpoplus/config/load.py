@@ -68,8 +68,11 @@ def _validate(section: str, name: str, value: Any) -> Any:
     one-line error naming the key and what it takes."""
     key = f"{section}.{name}"
     hint = typing.get_type_hints(SECTIONS[section])[name]
-    if isinstance(value, str) and (hint in (list, tuple) or typing.get_origin(hint) in (list, tuple)):
-        value = [v for v in value.split(",") if v]  # `loggers=tensorboard,wandb`
+    if hint in (list, tuple) or typing.get_origin(hint) in (list, tuple):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]  # `loggers=tensorboard,wandb`
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # `eval_k=4`
     try:
         return _adapter(section, name).validate_python(value)
     except ValidationError:

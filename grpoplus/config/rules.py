@@ -266,6 +266,28 @@ def _sampling_and_rewards(cfg: Config) -> None:
                          "or set overlong_shaping=false")
 
 
+@rule("evaluation")
+def _evaluation(cfg: Config) -> None:
+    """Held-out sampling is in range, and every pass@k has k <= n = rollout.eval_samples responses to draw from."""
+    r = cfg.rollout
+    if r.eval_samples < 0:
+        raise ValueError(f"config key rollout.eval_samples must be >= 0 (0 = greedy only), got {r.eval_samples}")
+    if r.eval_temperature is not None and r.eval_temperature <= 0:
+        raise ValueError(f"config key rollout.eval_temperature must be > 0 (eval/accuracy is the greedy one), "
+                         f"got {r.eval_temperature}")
+    if r.eval_top_p is not None and not 0.0 < r.eval_top_p <= 1.0:
+        raise ValueError(f"config key rollout.eval_top_p must be in (0, 1], got {r.eval_top_p}")
+    if r.eval_max_new_tokens is not None and r.eval_max_new_tokens < 1:
+        raise ValueError(f"config key rollout.eval_max_new_tokens must be >= 1, got {r.eval_max_new_tokens}")
+    if any(k < 1 for k in r.eval_k):
+        raise ValueError(f"config key rollout.eval_k takes k >= 1 (pass@k of k responses), got {r.eval_k}")
+    bad = [k for k in r.eval_k if k > r.eval_samples]
+    if bad:
+        raise ValueError(f"rollout.eval_k={r.eval_k} asks pass@k for k={bad[0]} but the estimator draws k of "
+                         f"rollout.eval_samples={r.eval_samples} responses (1 <= k <= n): raise eval_samples to "
+                         f"{max(bad)} or drop k={bad[0]} from eval_k")
+
+
 def _reward_names(specs: list) -> list[str]:
     """The names data.rewards gives its components (``name[:weight][:k=v]`` or ``{"name": ...}``)."""
     from grpoplus.rewards.pipeline import split_spec

@@ -153,7 +153,17 @@ class RolloutConfig:
     """Engine-specific settings passed through as they are (vLLM: gpu_memory_utilization,
     kv_cache_memory_bytes, dtype, sleep_between_steps, ...)."""
     eval_samples: int = 4
-    """Sampled responses per held-out prompt (pass@k with k = this); 0 = greedy only."""
+    """Sampled responses per held-out prompt (n of the pass@k estimator); 0 = greedy only."""
+    eval_k: list[int] = field(default_factory=list)
+    """The k of each eval/pass@k, every one at most rollout.eval_samples (Chen et al. 2021's unbiased estimator
+    from n = eval_samples responses); [] = 1 and eval_samples."""
+    eval_temperature: float | None = None
+    """Temperature of the held-out sampled responses (> 0); None = rollout.temperature."""
+    eval_top_p: float | None = None
+    """Nucleus sampling of the held-out sampled responses, in (0, 1]; None = rollout.top_p."""
+    eval_max_new_tokens: int | None = None
+    """Longest held-out response (greedy and sampled; a multi-turn trajectory's turn) in tokens; None =
+    rollout.max_new_tokens."""
     workers: int = 1
     """Rollout workers, each with its own engine (cluster=ray); a step's prompts are split among them."""
     max_staleness: int = 0

@@ -48,11 +48,20 @@ def _decided(run: DryRun) -> list[str]:
                 "token-mean over each batch; no reference, no ratio",
                 f"  learner    {where.ranks} rank(s), training state "
                 f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
-                f"  memory     {memory}"]
+                f"  memory     {memory}", _held_out(run)]
     return [f"  pi_old     {LOGP_OLD[update.logp_old]}", f"  reference  {REFERENCE[lrn.reference]}",
             f"  learner    {where.ranks} rank(s), training state "
             f"{f'sharded over {where.shards}' if where.sharded else 'whole on each'}; precision {update.precision}",
-            f"  memory     {memory}"]
+            f"  memory     {memory}", _held_out(run)]
+
+
+def _held_out(run: DryRun) -> str:
+    e = run.plan.eval
+    if not e.samples:
+        return f"  eval       greedy only (rollout.eval_samples=0), up to {e.max_new_tokens} tokens"
+    ks = ", ".join(f"pass@{k}" for k in e.ks)
+    return (f"  eval       greedy, and {e.samples} responses per held-out prompt at temperature {e.temperature:g}, "
+            f"top_p {e.top_p:g}, up to {e.max_new_tokens} tokens: {ks} (unbiased estimator)")
 
 
 def _model(role: str, size: ModelSize) -> str:

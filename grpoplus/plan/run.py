@@ -150,6 +150,17 @@ class RolloutRolePlan:
 
 
 @dataclass(frozen=True)
+class EvalPlan:
+    """Held-out evaluation's sampling (the rollout's where the rollout.eval_* keys are unset)."""
+
+    max_new_tokens: int  # greedy and sampled responses (a multi-turn trajectory: each turn)
+    samples: int  # n sampled responses per held-out prompt (0: greedy only)
+    ks: tuple[int, ...]  # the k of each eval/pass@k, each <= samples
+    temperature: float
+    top_p: float
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
     own part; the dry run renders it. ``config``: the user's validated settings (what the driver reads for the
@@ -160,6 +171,7 @@ class RunPlan:
     learner: LearnerRolePlan
     rollout: RolloutRolePlan
     lora: LoraPlan
+    eval: EvalPlan
 
     def to_dict(self) -> dict:
         """Every derived decision as plain data (the config itself is in ``config.yaml``)."""
@@ -177,7 +189,7 @@ def _plain(value):
 
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
-    return RunPlan(cfg, placement(cfg), learner_role(cfg), rollout_role(cfg), lora_plan(cfg))
+    return RunPlan(cfg, placement(cfg), learner_role(cfg), rollout_role(cfg), lora_plan(cfg), eval_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:
@@ -295,3 +307,13 @@ def engine_plan(cfg: Config) -> EnginePlan:
 def rollout_role(cfg: Config) -> RolloutRolePlan:
     return RolloutRolePlan(process_plan(cfg), policy_plan(cfg), engine_plan(cfg), stage_algo(cfg).routing_replay,
                            cfg.run.release_memory != "off", cfg.rollout.engine == "vllm")
+
+
+def eval_plan(cfg: Config) -> EvalPlan:
+    """Held-out sampling: each unset rollout.eval_* key takes the rollout's value; pass@k for each k of
+    rollout.eval_k, else for 1 and n (n = rollout.eval_samples; no pass@k when n = 0)."""
+    r = cfg.rollout
+    ks = set(r.eval_k) or ({1, r.eval_samples} if r.eval_samples > 0 else set())
+    return EvalPlan(r.eval_max_new_tokens or r.max_new_tokens, r.eval_samples, tuple(sorted(ks)),
+                    r.temperature if r.eval_temperature is None else r.eval_temperature,
+                    r.top_p if r.eval_top_p is None else r.eval_top_p)

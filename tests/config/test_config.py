@@ -202,3 +202,33 @@ def test_overlong_shaping_with_its_reward_listed_too_is_refused_before_anything_
     with pytest.raises(ValueError, match="^algo.overlong_shaping adds the soft_overlong reward itself"):
         build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]"])
     assert build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]", "overlong_shaping=false"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["eval_samples=4", "eval_k=1,8"], r"^rollout.eval_k=\[1, 8\] asks pass@k for k=8 but the estimator draws k of "
+                                       r"rollout.eval_samples=4 responses \(1 <= k <= n\): raise eval_samples to 8 "
+                                       r"or drop k=8 from eval_k$"),
+    (["eval_samples=0", "eval_k=1"], "rollout.eval_samples=0 responses"),
+    (["eval_k=0"], r"^config key rollout.eval_k takes k >= 1 \(pass@k of k responses\), got \[0\]$"),
+    (["eval_samples=-1"], r"^config key rollout.eval_samples must be >= 0 \(0 = greedy only\), got -1$"),
+    (["eval_temperature=0"], "^config key rollout.eval_temperature must be > 0"),
+    (["eval_top_p=1.5"], r"^config key rollout.eval_top_p must be in \(0, 1\], got 1.5$"),
+    (["eval_max_new_tokens=0"], "^config key rollout.eval_max_new_tokens must be >= 1, got 0$"),
+])
+def test_evaluation_sampling_out_of_range_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        build_config(overrides=overrides)
+
+
+def test_eval_k_takes_one_k_a_list_or_text():
+    assert build_config(overrides=["eval_samples=8", "eval_k=4"]).rollout.eval_k == [4]
+    assert build_config(overrides=["eval_samples=8", "eval_k=[1,8]"]).rollout.eval_k == [1, 8]
+    assert build_config(overrides=["eval_samples=8", "eval_k=2,4"]).rollout.eval_k == [2, 4]
+
+
+def test_a_saved_config_from_before_the_eval_keys_loads_with_their_defaults(tmp_path):
+    saved = build_config(overrides=["eval_samples=2", "temperature=0.7"]).to_dict()
+    for key in ("eval_k", "eval_temperature", "eval_top_p", "eval_max_new_tokens"):
+        del saved["rollout"][key]  # a run directory's config.yaml written before these keys existed
+    cfg = build_config(base=saved)
+    assert (cfg.rollout.eval_samples, cfg.rollout.eval_k, cfg.rollout.eval_temperature) == (2, [], None)

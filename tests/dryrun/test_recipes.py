@@ -229,6 +229,16 @@ def test_tokens_per_step_follow_the_response_budget():
     assert episode.multi_turn and episode.budget == 3 * 10
 
 
+def test_the_dry_run_names_the_held_out_sampling_and_the_pass_at_k_it_reports():
+    from grpoplus.dryrun.report import render
+
+    text = render(dry_run(overrides=["temperature=0.9", "eval_samples=8", "eval_k=1,4", "eval_temperature=0.6"]))
+    assert ("  eval       greedy, and 8 responses per held-out prompt at temperature 0.6, top_p 1, up to 48 tokens: "
+            "pass@1, pass@4 (unbiased estimator)") in text.splitlines()
+    assert "  eval       greedy only (rollout.eval_samples=0), up to 48 tokens" in render(
+        dry_run(overrides=["eval_samples=0"])).splitlines()
+
+
 def test_a_teacher_with_another_vocabulary_is_warned_of():
     run = dry_run(overrides=["model=/models/Qwen2.5-1.5B-Instruct", "teacher=/models/Qwen2.5-7B-Instruct",
                              "lambda_opd=0.1"])

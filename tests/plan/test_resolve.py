@@ -92,3 +92,14 @@ def test_the_memory_policy_follows_run_release_memory():
 def test_the_optimizer_plan_counts_every_optimizer_step():
     opt = _plan("preset=dr_grpo", "max_steps=7", "num_minibatches=2").learner.optimizer
     assert opt.total_steps == 14 and opt.lr is None  # None: the rate that fits the model, chosen when it is loaded
+
+
+def test_held_out_sampling_takes_the_rollouts_where_the_eval_keys_are_unset():
+    plan = _plan("temperature=0.7", "top_p=0.9", "max_new_tokens=12", "eval_samples=8")
+    assert (plan.eval.temperature, plan.eval.top_p, plan.eval.max_new_tokens) == (0.7, 0.9, 12)
+    assert plan.eval.ks == (1, 8)  # eval_k unset: pass@1 and pass@n
+    own = _plan("temperature=0.7", "eval_temperature=0.2", "eval_top_p=0.5", "eval_max_new_tokens=30",
+                "eval_samples=8", "eval_k=[4,2,4]")
+    assert (own.eval.temperature, own.eval.top_p, own.eval.max_new_tokens, own.eval.ks) == (0.2, 0.5, 30, (2, 4))
+    assert _plan("eval_samples=1").eval.ks == (1,) and _plan("eval_samples=0").eval.ks == ()
+    assert own.to_dict()["eval"]["ks"] == [2, 4]

@@ -62,6 +62,8 @@ def test_eval_measures_what_a_run_measures_at_step_0_and_trains_nothing(nano_dir
     step0 = read_metrics(run)[0]
     measured = json.loads((alone / "eval.json").read_text())
     assert measured["examples"] == 6 and measured["model"] == nano_dir
+    assert {"eval/pass@1", "eval/pass@2"} <= measured.keys()  # rollout.eval_k unset: 1 and n = eval_samples
+    assert measured["eval/pass@1"] == pytest.approx(measured["eval/accuracy_sampled"])
     assert {k: v for k, v in measured.items() if k.startswith("eval/") and "_s" not in k} == \
         {k: v for k, v in step0.items() if k.startswith("eval/") and "_s" not in k}
     assert f"on 6 held-out examples of arithmetic: eval/accuracy {step0['eval/accuracy']:.4g}" in capsys.readouterr().out
