@@ -81,5 +81,10 @@ class RunDir:
         with open(self.samples, "a") as handle:
             for i in range(min(k, len(r.texts))):
                 handle.write(json.dumps({"step": step, "prompt_index": r.prompt_index[int(r.group_ids[i])],
-                                         "completion": r.texts[i], "reward": float(scored.rewards[i]) if scored.scored_mask[i] else None,
+                                         "completion": r.texts[i], "reward": _reward(scored, i),
                                          "correct": bool(scored.correct[i]), "finished": bool(r.finished[i])}) + "\n")
+
+
+def _reward(scored: "ScoredGroups", i: int) -> float | None:
+    """Response ``i``'s reward, None where a reward failed on it (no score)."""
+    return float(scored.rewards[i]) if bool(scored.scored_mask[i]) else None
