@@ -3,7 +3,8 @@
 One call draws ``prompts_per_step`` prompts, samples ``G`` responses each with the rollout
 engine, scores them, and applies the group filter:
 
-- dynamic sampling (DAPO): drop groups whose rewards are all equal and draw again until
+- dynamic sampling (DAPO): drop groups whose rewards are all equal (only scored responses count: a group
+  with fewer than 2 has no spread) and draw again until
   ``prompts_per_step`` groups with spread are kept or ``max_rounds`` rounds are spent, then
   train on exactly the first ``prompts_per_step`` kept groups; a later round draws only the
   shortfall, over-sampled by the kept fraction seen so far (:func:`next_draw`);
@@ -123,7 +124,7 @@ def _filter(scored: ScoredGroups, group_filter: str) -> ScoredGroups | None:
     """The groups with reward spread (or all of them when there is no filter); None if none is left."""
     if group_filter == "none":
         return scored
-    keep = A.dynamic_sampling_keep(scored.rewards, scored.rollouts.group_ids)
+    keep = A.dynamic_sampling_keep(scored.rewards, scored.rollouts.group_ids, scored=scored.scored)
     return scored.select(torch.nonzero(keep).squeeze(1)) if keep.any() else None
 
 

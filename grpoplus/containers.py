@@ -145,25 +145,34 @@ def _concat_routing(parts: list[Rollouts], width_p: int, width_t: int) -> torch.
 @dataclass
 class ScoredGroups:
     """Rollouts with their rewards: ``rewards`` is the trained reward, the weighted sum of every
-    reward component (shaping such as the soft overlong punishment included)."""
+    reward component (shaping such as the soft overlong punishment included). A response a reward
+    failed on (raised, timed out, NaN) has no score: ``scored`` False, its reward a 0 placeholder;
+    it is left out of its group's statistics and of the loss."""
 
     rollouts: Rollouts
     rewards: torch.Tensor  # [N] float32 total reward
     correct: torch.Tensor  # [N] bool, the task verifier's verdict
-    components: dict[str, list]  # name -> [N] per-component rewards (None = does not apply)
+    components: dict[str, list]  # name -> [N] per-component rewards (None = does not apply, or failed)
+    scored: torch.Tensor | None = None  # [N] bool, False where a reward failed; None: every response scored
+
+    @property
+    def scored_mask(self) -> torch.Tensor:  # [N] bool
+        return torch.ones(len(self.rewards), dtype=torch.bool) if self.scored is None else self.scored
 
     def select(self, rows: torch.Tensor) -> "ScoredGroups":
         idx = rows.tolist()
         return ScoredGroups(self.rollouts.select(rows), self.rewards[rows], self.correct[rows],
-                            {k: [v[i] for i in idx] for k, v in self.components.items()})
+                            {k: [v[i] for i in idx] for k, v in self.components.items()},
+                            None if self.scored is None else self.scored[rows])
 
     @staticmethod
     def concat(parts: list["ScoredGroups"], pad_id: int) -> "ScoredGroups":
         if len(parts) == 1:
             return parts[0]
+        scored = None if all(p.scored is None for p in parts) else torch.cat([p.scored_mask for p in parts])
         return ScoredGroups(Rollouts.concat([p.rollouts for p in parts], pad_id),
                             torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]),
-                            {k: [v for p in parts for v in p.components[k]] for k in parts[0].components})
+                            {k: [v for p in parts for v in p.components[k]] for k in parts[0].components}, scored)
 
     @property
     def num_groups(self) -> int:

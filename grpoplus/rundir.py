@@ -76,10 +76,15 @@ class RunDir:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def write_samples(self, step: int, scored: "ScoredGroups", k: int) -> None:
-        """Append the first ``k`` completions of the step with their reward and verdict."""
+        """Append the first ``k`` completions of the step with their reward (null where a reward failed) and verdict."""
         r = scored.rollouts
         with open(self.samples, "a") as handle:
             for i in range(min(k, len(r.texts))):
                 handle.write(json.dumps({"step": step, "prompt_index": r.prompt_index[int(r.group_ids[i])],
-                                         "completion": r.texts[i], "reward": float(scored.rewards[i]),
+                                         "completion": r.texts[i], "reward": _reward(scored, i),
                                          "correct": bool(scored.correct[i]), "finished": bool(r.finished[i])}) + "\n")
+
+
+def _reward(scored: "ScoredGroups", i: int) -> float | None:
+    """Response ``i``'s reward, None where a reward failed on it (no score)."""
+    return float(scored.rewards[i]) if bool(scored.scored_mask[i]) else None

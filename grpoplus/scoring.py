@@ -1,6 +1,7 @@
 """Reward scoring: rollouts -> scored groups, through the reward pipeline.
 
-The pipeline's weighted total is the trained reward: shaping such as DAPO's soft overlong
+A response a reward failed on has no score (``ScoredGroups.scored``): it is left out of its group's statistics
+and of the loss. The pipeline's weighted total is the trained reward: shaping such as DAPO's soft overlong
 punishment is one of its components (added by the build layer), so the logged
 ``reward/mean`` is exactly what the advantages are computed from.
 """
@@ -37,6 +38,7 @@ class Scorer:
         result = self.pipeline([ex.prompt for ex in per_row], rollouts.texts, fields)
         correct = torch.tensor([is_correct(c) for c in result.components[self.correct_key]], dtype=torch.bool)
         rewards = torch.tensor(result.total, dtype=torch.float32)
+        scored = torch.tensor(result.scored, dtype=torch.bool)
         components, metrics = result.components, result.metrics
         if self.prm is not None:
             rollouts, prm_metrics = process_rewards(self.prm, self.tokenizer, rollouts, [ex.prompt for ex in per_row])
@@ -45,8 +47,9 @@ class Scorer:
         if returns is not None:  # R_i = the environment's return + the pipeline's rewards (ALGORITHMS.md section 12)
             rewards = rewards + returns
             components = dict(components, **{"env" if self.prm is None else "prm": returns.tolist()})
-            metrics = dict(metrics, **{"reward/mean": float(rewards.mean())})
-        return ScoredGroups(rollouts, rewards, correct, components), metrics
+            if scored.any():  # over the scored responses, as the pipeline's
+                metrics = dict(metrics, **{"reward/mean": float(rewards[scored].mean())})
+        return ScoredGroups(rollouts, rewards, correct, components, None if scored.all() else scored), metrics
 
     def close(self) -> None:
         self.pipeline.close()

@@ -14,34 +14,41 @@ from torch import Tensor
 from grpoplus.algo._util import dense_groups
 
 
-def _group_min_max(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-row min and max of its group's rewards.  [N] -> ([N], [N])."""
+def _group_min_max(rewards: Tensor, group_ids: Tensor, scored: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-row min and max of its group's scored rewards (inf, -inf for a group with none).  [N] -> ([N], [N])."""
     index, num_groups = dense_groups(group_ids)
     r = rewards.detach().double()
-    lo = r.new_full((num_groups,), math.inf).scatter_reduce_(0, index, r, "amin")
-    hi = r.new_full((num_groups,), -math.inf).scatter_reduce_(0, index, r, "amax")
+    low, high = r, r
+    if scored is not None:  # an unscored row moves neither bound
+        low = torch.where(scored.bool(), r, torch.full_like(r, math.inf))
+        high = torch.where(scored.bool(), r, torch.full_like(r, -math.inf))
+    lo = r.new_full((num_groups,), math.inf).scatter_reduce_(0, index, low, "amin")
+    hi = r.new_full((num_groups,), -math.inf).scatter_reduce_(0, index, high, "amax")
     return lo[index], hi[index]
 
 
-def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
+def zero_variance_groups(rewards: Tensor, group_ids: Tensor, scored: Tensor | None = None) -> Tensor:
     """True for the rows of groups whose rewards are all equal (groups of size 1 included).
 
     rewards [N], group_ids [N] -> bool [N]. Such groups have zero advantage and add no
     signal. Zero-variance filtering without refill drops them (Xiong et al. 2025,
-    Reinforce-Rej, arXiv:2504.11343, sec. 3).
+    Reinforce-Rej, arXiv:2504.11343, sec. 3). ``scored`` [N] bool (optional): only those rows
+    count, so a group with fewer than 2 scored rows has no spread.
     """
-    lo, hi = _group_min_max(rewards, group_ids)
-    return lo == hi
+    lo, hi = _group_min_max(rewards, group_ids, scored)
+    return ~(lo < hi)
 
 
-def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor, max_groups: int | None = None) -> Tensor:
+def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor, max_groups: int | None = None,
+                          scored: Tensor | None = None) -> Tensor:
     """Rows to keep under DAPO dynamic sampling: groups with non-zero reward spread.
 
     rewards [N], group_ids [N] -> bool [N]. With ``max_groups``, only the first
     ``max_groups`` such groups (in order of first appearance) are kept, so the trainer can
-    fill a batch of exactly B groups from over-sampled rounds. DAPO (arXiv:2503.14476), eq. 11.
+    fill a batch of exactly B groups from over-sampled rounds; ``scored`` as in
+    :func:`zero_variance_groups`. DAPO (arXiv:2503.14476), eq. 11.
     """
-    keep = ~zero_variance_groups(rewards, group_ids)
+    keep = ~zero_variance_groups(rewards, group_ids, scored)
     if max_groups is None:
         return keep
     seen: dict[int, int] = {}

@@ -99,7 +99,8 @@ class DataConfig:
     """0 = score in-process; N > 0 = process pool of N workers; auto = a pool sized to the machine
     (for slow or untrusted rewards)."""
     reward_timeout_s: float = 10.0
-    """Per-call reward time limit (pool workers only)."""
+    """Reward time limit per sample: a pool worker's call (one sample) gets it; in-process, a reward's batch call of n
+    samples gets n times it, in a thread. A sample past it is left out unscored and counted (reward/timeouts)."""
     chat_template: bool = True
     """Apply the tokenizer's chat template to data-set prompts when it has one."""
     env: str | None = None

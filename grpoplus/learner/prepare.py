@@ -153,7 +153,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     if logp_ref is not None and algo.kl_placement == "in_reward":  # logp_old is recomputed (the plan's logp_old_mode)
         rewards = A.kl_in_reward(rewards, logp_old, logp_ref, mask, algo.beta)
         metrics["reward/kl_penalty_mean"] = float((scored.rewards - rewards).mean())
-    keep = A.gfpo_select(rewards, r.lengths, r.group_ids, algo.gfpo_keep, algo.gfpo_metric) if algo.gfpo_keep else None
+    keep = kept_rows(scored, rewards, algo)
     advantages = _advantages(scored, rewards, keep, algo, plan)
     if teacher is not None:
         advantages, opd = teacher_advantages(teacher, r, advantages, logp_old, mask, algo, plan)
@@ -168,6 +168,21 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
     batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
                        r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing)
     return batch, entropy, metrics
+
+
+def kept_rows(scored: ScoredGroups, rewards: torch.Tensor, algo: A.AlgoConfig) -> torch.Tensor | None:
+    """[N] bool rows that take part in the advantages and the loss, None for all: the scored ones (a response a
+    reward failed on has no score), and of those GFPO's k best of each group. The others get advantage 0 and no
+    loss tokens; they are not counted by a token or per-response mean, but stay in Dr. GRPO's constant N x L_max,
+    as GFPO's and the overlong filter's dropped rows do."""
+    keep = scored.scored
+    if not algo.gfpo_keep:
+        return keep
+    r = scored.rollouts
+    rows = torch.nonzero(scored.scored_mask).squeeze(1)
+    selected = torch.zeros(len(rewards), dtype=torch.bool)
+    selected[rows] = A.gfpo_select(rewards[rows], r.lengths[rows], r.group_ids[rows], algo.gfpo_keep, algo.gfpo_metric)
+    return selected
 
 
 def demonstration_batch(r: Rollouts) -> TrainBatch:
@@ -191,10 +206,12 @@ def teacher_advantages(teacher, r: Rollouts, advantages: torch.Tensor, logp_old:
     return advantages, metrics
 
 
-def turn_advantages(r, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig) -> torch.Tensor:
+def turn_advantages(r, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A.AlgoConfig,
+                    scored: torch.Tensor | None = None) -> torch.Tensor:
     """[N, T] turn-level advantages (``algo.turn_credit``): each turn's environment reward is a step reward ending at
     its last sampled token, and the rest of the trajectory's reward (the reward functions' score of the transcript,
-    a KL penalty in the reward) is added to the last turn's (ALGORITHMS.md section 12)."""
+    a KL penalty in the reward) is added to the last turn's (ALGORITHMS.md section 12). ``scored`` [N] bool: only
+    those rows enter the group statistics (the others get 0)."""
     if r.turn_rewards is None:
         raise ValueError(f"algo.turn_credit={algo.turn_credit} needs step rewards: multi-turn rollouts (data.env or "
                          "data.tools) or a process reward model's (data.prm); or set algo.turn_credit=off")
@@ -204,10 +221,14 @@ def turn_advantages(r, rewards: torch.Tensor, keep: torch.Tensor | None, algo: A
         if turn:
             turn[-1] += rest[i]
     T = r.response_ids.shape[1]
+    rows = torch.arange(len(steps)) if scored is None else torch.nonzero(scored).squeeze(1)
+    picked = [steps[i] for i in rows.tolist()], [r.turn_ends[i] for i in rows.tolist()], r.group_ids[rows]
     if algo.turn_credit == "process":
-        adv = A.process_advantages(steps, r.turn_ends, r.group_ids, T, eps=algo.adv_eps)
+        part = A.process_advantages(*picked, T, eps=algo.adv_eps)
     else:
-        adv = A.return_to_go_advantages(steps, r.turn_ends, r.group_ids, T)
+        part = A.return_to_go_advantages(*picked, T)
+    adv = torch.zeros(len(steps), T, dtype=part.dtype)
+    adv[rows] = part
     return adv if keep is None else adv * keep[:, None].float()
 
 
@@ -217,7 +238,7 @@ def _advantages(scored: ScoredGroups, rewards: torch.Tensor, keep: torch.Tensor 
     every reward component of the pipeline is a column (None -> 0), weighted as in the pipeline."""
     r = scored.rollouts
     if algo.turn_credit != "off":
-        return turn_advantages(r, rewards, keep, algo)
+        return turn_advantages(r, rewards, keep, algo, scored.scored)
     token_mask = r.sampled_mask if algo.adv_whiten == "token" else None
     if algo.reward_aggregation != "gdpo":
         return A.compute_advantages(rewards, r.group_ids, estimator=algo.adv_estimator, eps=algo.adv_eps,

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import torch
 
-from grpoplus.algo import group_stats
+from grpoplus.algo import group_stats, zero_variance_groups
 from grpoplus.containers import ScoredGroups
 
 REDUCTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -64,7 +64,7 @@ def _percentile(values: torch.Tensor, q: float) -> float:
 def rollout_metrics(drawn: list[ScoredGroups], batch: ScoredGroups | None) -> dict[str, float]:
     """Reward, correctness, length and group-spread statistics over every response drawn this step
     (all dynamic-sampling rounds); ``drawn/*`` counts what was sampled, ``batch/*`` what is trained on."""
-    rewards = torch.cat([s.rewards for s in drawn])
+    rewards = torch.cat([s.rewards[s.scored_mask] for s in drawn])  # a failed response has no score
     correct = torch.cat([s.correct for s in drawn])
     lengths = torch.cat([s.rollouts.lengths for s in drawn]).float()
     finished = torch.cat([s.rollouts.finished for s in drawn])
@@ -72,7 +72,7 @@ def rollout_metrics(drawn: list[ScoredGroups], batch: ScoredGroups | None) -> di
            "reward/accuracy": float(correct.float().mean()),
            "length/mean": float(lengths.mean()), "length/max": float(lengths.max()),
            "length/truncated_frac": float((~finished).float().mean()),
-           "drawn/responses": float(len(rewards)), "drawn/prompts": float(sum(s.num_groups for s in drawn)),
+           "drawn/responses": float(len(correct)), "drawn/prompts": float(sum(s.num_groups for s in drawn)),
            "batch/responses": float(len(batch.rewards)) if batch else 0.0,
            "batch/prompts": float(batch.num_groups) if batch else 0.0}
     if correct.any():
@@ -91,10 +91,10 @@ def _group_spread(drawn: list[ScoredGroups]) -> dict[str, float]:
     """Zero-spread groups by reward; all-correct / all-wrong groups by the verifier's verdict."""
     groups = zero = all_right = all_wrong = 0
     for s in drawn:
-        by_reward = group_stats(s.rewards, s.rollouts.group_ids)
         by_verdict = group_stats(s.correct.float(), s.rollouts.group_ids)
-        groups += by_reward["groups"]
-        zero += by_reward["zero_spread_groups"]
+        flat = zero_variance_groups(s.rewards, s.rollouts.group_ids, s.scored)  # under 2 scored: no spread
+        groups += by_verdict["groups"]
+        zero += len(torch.unique(s.rollouts.group_ids[flat]))
         all_right += by_verdict["all_correct_groups"]
         all_wrong += by_verdict["all_wrong_groups"]
     return {"groups/zero_std_frac": zero / groups, "groups/all_correct_frac": all_right / groups,

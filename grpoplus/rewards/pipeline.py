@@ -5,12 +5,27 @@ Failure policy (what a user running a long job wants):
 - a reward returns the wrong number of values, or a value that is not a number/None:
   a bug in the reward, the same on every batch -> ``ValueError``/``TypeError`` at once,
   naming the reward and the problem;
-- a reward raises on some samples, times out, or returns NaN/inf for a sample: that
-  sample scores 0, is counted (``reward/errors``, ``reward/timeouts``) and the run goes on;
+- a reward raises on some samples, times out, or returns NaN, inf or a value beyond
+  ``MAX_ABS_REWARD`` for a sample: that sample is *not scored* (``RewardResult.scored``
+  False), counted (``reward/errors``, ``reward/timeouts``, ``reward/failed_frac``) and left
+  out of its group's statistics and of the loss; the run goes on;
 - a reward raises on *every* sample of a batch: almost always a bug (a missing field, a
   bad signature) -> ``RuntimeError`` at once with the first exception;
+- a reward times out on every sample of ``MAX_TIMEOUT_STREAK`` batches in a row, or
+  ``MAX_HUNG`` of its in-process calls are still running past their limit: it hangs ->
+  ``RuntimeError`` naming ``data.reward_timeout_s`` and ``data.reward_workers``;
 - None means "does not apply" and is allowed, even for a whole batch: it counts 0 in
   the total and is left out of that component's mean.
+
+Time limit (``timeout_s``, ``data.reward_timeout_s``): the time a reward may take per sample,
+as a pool worker's call scores one sample. In-process, a component's call scores the whole
+batch of n in a daemon thread (:mod:`grpoplus.rewards.timed`; one thread hand-off per batch, so
+cheap rewards stay cheap) under ``n * timeout_s``: a reward whose cost grows with the batch (the
+math verifier with its own per-sample limit, a reward model's forward) is not cut short by a
+big batch. A batch call that raises or times out is retried once per sample, every sample in
+its own thread (in turn, in one thread, for an ``in_process = True`` function, which may not
+be thread-safe), all under one more limit of the same length; so a component costs at most
+``2 * n * timeout_s`` per batch. A timed-out ``in_process`` batch is not retried.
 """
 
 from __future__ import annotations
@@ -32,9 +47,16 @@ from grpoplus.registry import import_object
 from grpoplus.rewards import events
 from grpoplus.rewards.pool import Call, KillablePool
 from grpoplus.rewards.registry import REWARDS
+from grpoplus.rewards.timed import TimedCalls
 
 RewardFn = Callable[..., list]
 logger = logging.getLogger("grpoplus.rewards")
+
+# A finite value this large is no score but a bug (an unnormalised logit sum, a sentinel): one such sample makes
+# every other response of its group (with a batch std, of the batch) look alike to the advantage.
+MAX_ABS_REWARD = 1e6
+MAX_TIMEOUT_STREAK = 3  # batches in a row on which a reward timed out on every sample: it hangs
+MAX_HUNG = 32  # in-process calls still running past their limit (threads that cannot be stopped)
 
 
 @dataclass
@@ -53,8 +75,11 @@ class RewardComponent:
 class RewardResult:
     total: list[float]  # [N] weighted sum over components
     components: dict[str, list[float | None]]  # name -> [N]
-    errors: int  # samples scored 0 because a reward raised, timed out or returned NaN
+    errors: int  # failures: a reward raised, timed out or returned NaN/inf/an absurd value
     metrics: dict[str, float]
+    # [N] False where a component failed: that sample has no score (its total is a 0 placeholder, its failed
+    # components None) and is left out of its group's statistics and of the loss
+    scored: list[bool] = field(default_factory=list)
 
 
 def _scalar(text: str):
@@ -224,11 +249,10 @@ _FAILURE_EVENTS = {"verifier/timeouts": "timeout", "verifier/crashes": "error", 
 
 
 class RewardPipeline:
-    """Score a batch with every component; see the module docstring for the failure policy.
+    """Score a batch with every component; see the module docstring for the failure policy and the time limit.
 
-    ``workers=0`` calls each reward once per batch in this process (no per-call timeout:
-    use it for cheap, trusted verifiers; the math and code rewards carry their own hard
-    limits). ``workers>0`` or ``"auto"`` calls each reward once per sample in a pool of
+    ``workers=0`` calls each reward once per batch in this process, in a daemon thread under
+    ``timeout_s`` per sample. ``workers>0`` or ``"auto"`` calls each reward once per sample in a pool of
     spawn processes, with a ``timeout_s`` limit per call; a hung worker is killed and
     replaced. A function that cannot be sent to a worker (a lambda, a closure) runs
     in-process, with a warning. A function with ``in_process = True`` (a reward model, which
@@ -245,6 +269,8 @@ class RewardPipeline:
         self.timeout_s = timeout_s
         self._pool: KillablePool | None = None
         self._pooled: set[str] = set()
+        self._timed = TimedCalls()
+        self._timeout_streak: dict[str, int] = {}
         size = _pool_size(workers)
         if size > 0:
             payloads = {}
@@ -255,7 +281,8 @@ class RewardPipeline:
                 if payload is None:
                     warnings.warn(
                         f"reward {comp.name!r} cannot be sent to a worker process (not picklable, no import "
-                        "spec): it runs in-process without a timeout. Define it at module level to pool it.",
+                        "spec): it runs in-process, where a hung call cannot be killed. Define it at module level "
+                        "to pool it.",
                         stacklevel=2,
                     )
                 else:
@@ -273,24 +300,41 @@ class RewardPipeline:
                 raise ValueError(f"field {key!r} has {len(values)} values for {n} completions")
         components, metrics = {}, {}
         errors = timeouts = 0
+        failed = [False] * n
         for comp in self.components:
             kwargs = self._kwargs(comp, fields)
             if comp.name in self._pooled:
                 outcomes, counted = self._score_pooled(comp, prompts, completions, kwargs)
             else:
                 outcomes, counted = self._score_local(comp, prompts, completions, kwargs)
-            values, comp_metrics, comp_errors, comp_timeouts = _reduce(comp.name, outcomes, counted)
+            self._check_streak(comp.name, outcomes)
+            values, comp_metrics, comp_failed, comp_errors, comp_timeouts = _reduce(comp.name, outcomes, counted)
             components[comp.name] = values
             metrics.update(comp_metrics)
+            failed = [a or b for a, b in zip(failed, comp_failed)]
             errors, timeouts = errors + comp_errors, timeouts + comp_timeouts
+        scored = [not f for f in failed]
         total = [
-            sum(c.weight * (components[c.name][i] or 0.0) for c in self.components) for i in range(n)
+            sum(c.weight * (components[c.name][i] or 0.0) for c in self.components) if scored[i] else 0.0
+            for i in range(n)
         ]
         metrics["reward/errors"] = float(errors)
         metrics["reward/timeouts"] = float(timeouts)
         if n:
-            metrics["reward/mean"] = sum(total) / n
-        return RewardResult(total, components, errors, metrics)
+            metrics["reward/failed_frac"] = failed.count(True) / n
+        if any(scored):  # the mean of what the model earned: failures are no score
+            metrics["reward/mean"] = sum(t for t, ok in zip(total, scored) if ok) / scored.count(True)
+        return RewardResult(total, components, errors, metrics, scored)
+
+    def _check_streak(self, name: str, outcomes: list) -> None:
+        """Stop a reward that timed out on every sample of ``MAX_TIMEOUT_STREAK`` batches in a row: it hangs."""
+        all_timed_out = bool(outcomes) and all(status == "timeout" for status, _ in outcomes)
+        streak = self._timeout_streak[name] = self._timeout_streak.get(name, 0) + 1 if all_timed_out else 0
+        if streak >= MAX_TIMEOUT_STREAK:
+            raise RewardError(
+                f"reward {name!r} timed out on every sample of {streak} batches in a row: raise "
+                f"data.reward_timeout_s (now {self.timeout_s:g}) if it is slow, or fix the hang; "
+                "data.reward_workers=auto kills hung calls")
 
     @staticmethod
     def _kwargs(comp: RewardComponent, fields: dict[str, list]) -> dict:
@@ -302,24 +346,33 @@ class RewardPipeline:
         return {**passed, **comp.kwargs}
 
     def _score_local(self, comp: RewardComponent, prompts, completions, kwargs) -> tuple[list, dict]:
+        n = len(completions)
+        whole = getattr(comp.fn, "in_process", False)  # scores whole batches by design, maybe not thread-safe
+        limit = self.timeout_s * max(1, n)  # the time per sample, as in the pool
+        self._check_hung(comp.name)
         before = events.snapshot()
-        try:  # boundary: a raising reward is retried per sample to find the samples at fault
-            raw = comp.fn(prompts, completions, **kwargs)
-        except RewardError:
-            raise  # the reward found that no sample can succeed (e.g. its server is down): retrying each one only waits
-        except Exception:  # noqa: BLE001
-            outcomes = [self._one_local(comp, prompts, completions, kwargs, i) for i in range(len(completions))]
-        else:
-            outcomes = [("ok", v) for v in _check_count(comp.name, raw, len(completions))]
+        [(status, value)] = self._timed.run([lambda: comp.fn(prompts, completions, **kwargs)], limit)
+        if status == "ok":
+            outcomes = [("ok", v) for v in _check_count(comp.name, value, n)]
+        elif status == "error" and isinstance(value, RewardError):
+            raise value  # the reward found that no sample can succeed (e.g. its server is down): retrying only waits
+        elif status == "timeout" and whole:
+            outcomes = [("timeout", None)] * n
+        else:  # boundary: retried per sample to find the samples at fault, all under one more limit
+            thunks = [lambda i=i: comp.fn([prompts[i]], [completions[i]], **_slice(kwargs, comp.kwargs, i))
+                      for i in range(n)]
+            outcomes = [("ok", _check_count(comp.name, v, 1)[0]) if s == "ok" else (s, v)
+                        for s, v in self._timed.run(thunks, limit, parallel=not whole)]
+        outcomes = [(s, f"{type(v).__name__}: {v}") if s == "error" else (s, v) for s, v in outcomes]
         return outcomes, events.delta(before, events.snapshot())
 
-    @staticmethod
-    def _one_local(comp: RewardComponent, prompts, completions, kwargs, i: int) -> tuple[str, object]:
-        try:
-            raw = comp.fn([prompts[i]], [completions[i]], **_slice(kwargs, comp.kwargs, i))
-        except Exception as err:  # noqa: BLE001
-            return ("error", f"{type(err).__name__}: {err}")
-        return ("ok", _check_count(comp.name, raw, 1)[0])
+    def _check_hung(self, name: str) -> None:
+        """Stop before in-process calls that never returned pile up (each holds a thread that cannot be stopped)."""
+        hung = self._timed.hung()
+        if hung >= MAX_HUNG:
+            raise RewardError(
+                f"{hung} in-process calls of reward {name!r} still run past data.reward_timeout_s and cannot be "
+                "stopped: score it with data.reward_workers=auto (or N > 0), whose hung workers are killed")
 
     def _score_pooled(self, comp: RewardComponent, prompts, completions, kwargs) -> tuple[list, dict]:
         calls = [
@@ -351,46 +404,59 @@ def _slice(kwargs: dict, fixed: dict, i: int) -> dict:
     return {k: (v if k in fixed else [v[i]]) for k, v in kwargs.items()}
 
 
-def _reduce(name: str, outcomes: list, counted: dict) -> tuple[list, dict, int, int]:
-    """Values (failures scored 0), metrics, error count (timeouts included), timeout count."""
+def _reduce(name: str, outcomes: list, counted: dict) -> tuple[list, dict, list[bool], int, int]:
+    """Values (None where the sample failed), metrics, failed flags, error count (timeouts included), timeout
+    count."""
     values: list[float | None] = []
-    raised = timed_out = nonfinite = 0
+    failed: list[bool] = []
+    raised = timed_out = nonfinite = out_of_range = 0
     first_error = None
     for i, (status, value) in enumerate(outcomes):
-        if status == "ok":
-            x = _to_value(name, value, i)
-            if x is not None and not math.isfinite(x):
-                nonfinite, x = nonfinite + 1, 0.0
-            values.append(x)
-            continue
-        values.append(0.0)
+        x = _to_value(name, value, i) if status == "ok" else None
+        bad = status != "ok" or (x is not None and (not math.isfinite(x) or abs(x) > MAX_ABS_REWARD))
+        values.append(None if bad else x)
+        failed.append(bad)
         if status == "timeout":
             timed_out += 1
-        else:
+        elif status != "ok":
             raised += 1
             first_error = first_error or value
+        elif bad and math.isfinite(x):
+            out_of_range += 1
+        elif bad:
+            nonfinite += 1
     if outcomes and raised == len(outcomes):
         raise RewardError(
             f"reward {name!r} raised on every sample of the batch, which points at a bug in the reward "
             f"(a missing field? a wrong signature?): {first_error}"
         )
     if raised:
-        logger.warning("reward %r raised on %d of %d samples (scored 0): %s", name, raised, len(outcomes), first_error)
-    failed = {kind: 0 for kind in ("error", "timeout")}
+        logger.warning("reward %r raised on %d of %d samples (left out): %s", name, raised, len(outcomes), first_error)
+    if out_of_range:
+        logger.warning("reward %r returned %d values beyond +-%g (left out)", name, out_of_range, MAX_ABS_REWARD)
+    failure_events = {kind: 0 for kind in ("error", "timeout")}
     for event, count in counted.items():
         if event in _FAILURE_EVENTS:
-            failed[_FAILURE_EVENTS[event]] += count
-    timeouts = timed_out + failed["timeout"]
-    errors = raised + nonfinite + failed["error"] + timeouts
+            failure_events[_FAILURE_EVENTS[event]] += count
+    timeouts = timed_out + failure_events["timeout"]
+    errors = raised + nonfinite + out_of_range + failure_events["error"] + timeouts
+    metrics = _component_metrics(name, values, failed, counted)
+    for key, count in {"errors": errors, "timeouts": timeouts, "nonfinite": nonfinite,
+                       "out_of_range": out_of_range}.items():
+        if count:
+            metrics[f"reward/{name}/{key}"] = float(count)
+    return values, metrics, failed, errors, timeouts
+
+
+def _component_metrics(name: str, values: list, failed: list[bool], counted: dict) -> dict[str, float]:
+    """Mean over the samples it scored; the fraction it does not apply to (None), failures not counted there."""
     present = [x for x in values if x is not None]
+    answered = len(values) - failed.count(True)
     metrics: dict[str, float] = {}
     if present:
         metrics[f"reward/{name}/mean"] = sum(present) / len(present)
-    if len(present) < len(values):
-        metrics[f"reward/{name}/none_frac"] = 1.0 - len(present) / len(values)
-    for key, count in {"errors": errors, "timeouts": timeouts, "nonfinite": nonfinite}.items():
-        if count:
-            metrics[f"reward/{name}/{key}"] = float(count)
+    if len(present) < answered:
+        metrics[f"reward/{name}/none_frac"] = 1.0 - len(present) / answered
     for event, count in counted.items():
         metrics[f"reward/{name}/{event.replace('/', '_')}"] = float(count)
-    return values, metrics, errors, timeouts
+    return metrics

@@ -1,10 +1,12 @@
 """Reward composition and the failure policy of RewardPipeline."""
 
 import textwrap
+import time
 
 import pytest
 
-from grpoplus.rewards import REWARDS, RewardComponent, RewardPipeline, parse_reward_specs
+from grpoplus.rewards import REWARDS, RewardComponent, RewardError, RewardPipeline, parse_reward_specs, pipeline
+from grpoplus.rewards.pipeline import MAX_TIMEOUT_STREAK
 
 USER_REWARDS = textwrap.dedent(
     """
@@ -60,11 +62,14 @@ def test_wrong_type_fails_at_once_naming_the_reward():
         pipe(["q"], ["a"], {})
 
 
-def test_per_sample_exception_scores_zero_and_is_counted(user_file):
+def test_per_sample_exception_is_left_out_and_counted(user_file):
     [flaky] = parse_reward_specs([f"{user_file}:flaky"])
     result = RewardPipeline([flaky])(["q"] * 3, ["ab", "boom", "abc"], {})
-    assert result.components["flaky"] == [2.0, 0.0, 3.0]
+    assert result.components["flaky"] == [2.0, None, 3.0]
+    assert result.scored == [True, False, True]
     assert result.errors == 1 and result.metrics["reward/flaky/errors"] == 1.0
+    assert result.metrics["reward/failed_frac"] == pytest.approx(1 / 3)
+    assert result.metrics["reward/mean"] == pytest.approx(2.5)  # (2 + 3) / 2: the failure is no score of 0
 
 
 def test_reward_raising_on_every_sample_stops_the_run():
@@ -75,9 +80,22 @@ def test_reward_raising_on_every_sample_stops_the_run():
         RewardPipeline([comp("broken", broken)])(["q"] * 2, ["a", "b"], {})
 
 
-def test_nan_scores_zero_and_is_counted():
-    result = RewardPipeline([comp("nan", lambda p, c, **f: [float("nan"), 1.0])])(["q"] * 2, ["a", "b"], {})
-    assert result.total == [0.0, 1.0] and result.errors == 1
+def test_nan_inf_and_absurd_values_are_left_out_and_counted():
+    values = [float("nan"), float("inf"), 1e30, -2.0, 1.0]
+    result = RewardPipeline([comp("odd", lambda p, c, **f: values)])(["q"] * 5, list("abcde"), {})
+    assert result.scored == [False, False, False, True, True]
+    assert result.components["odd"] == [None, None, None, -2.0, 1.0]
+    assert result.errors == 3 and result.metrics["reward/odd/nonfinite"] == 2.0
+    assert result.metrics["reward/odd/out_of_range"] == 1.0
+    assert result.metrics["reward/mean"] == pytest.approx(-0.5)
+
+
+def test_a_sample_failed_by_one_component_is_not_scored_by_the_others():
+    a = comp("a", lambda p, c, **f: [1.0, float("nan")])
+    b = comp("b", lambda p, c, **f: [0.5, 0.5])
+    result = RewardPipeline([a, b])(["q"] * 2, ["x", "y"], {})
+    assert result.scored == [True, False] and result.total == [1.5, 0.0]  # 0.0: a placeholder, not a score
+    assert result.components["b"] == [0.5, 0.5] and "reward/mean" in result.metrics
 
 
 def test_all_none_is_allowed():
@@ -89,7 +107,7 @@ def test_pool_kills_a_hanging_call_and_keeps_going(user_file):
     components = parse_reward_specs([f"{user_file}:flaky"])
     with RewardPipeline(components, workers=1, timeout_s=1.0) as pipe:
         result = pipe(["q"] * 3, ["ab", "hang", "abcd"], {})
-        assert result.components["flaky"] == [2.0, 0.0, 4.0]
+        assert result.components["flaky"] == [2.0, None, 4.0] and result.scored == [True, False, True]
         assert result.metrics["reward/timeouts"] == 1.0 and result.errors == 1
         assert pipe(["q"], ["xyz"], {}).total == [3.0]  # the replacement worker serves
 
@@ -150,3 +168,72 @@ def test_an_unquoted_command_line_list_keeps_each_specs_parameters_together():
     components = parse_reward_specs(cfg.data.rewards, extra={"task": lambda p, c: [0.0] * len(c)})
     assert [(c.name, c.weight, c.kwargs) for c in components] == [
         ("task", 1.0, {}), ("soft_overlong", 0.5, {"max_len": 48, "cache": 8}), ("length_penalty", 1.0, {"coef": 2})]
+
+
+def sleeper(seconds: float, on: str | None = None, calls: list | None = None):
+    """A reward scoring len(c), sleeping ``seconds`` when any completion is ``on`` (every call when None)."""
+
+    def fn(prompts, completions, **fields):
+        if calls is not None:
+            calls.append(len(completions))
+        if on is None or on in completions:
+            time.sleep(seconds)
+        return [float(len(c)) for c in completions]
+
+    return fn
+
+
+def test_in_process_reward_that_hangs_is_timed_out_not_waited_for():
+    pipe = RewardPipeline([comp("slow", sleeper(60))], timeout_s=0.25)
+    result = pipe(["q"] * 2, ["a", "bb"], {})  # returns after 2 x 0.25 s for the batch and as much for the retry
+    assert result.scored == [False, False] and result.metrics["reward/timeouts"] == 2.0
+    assert "reward/mean" not in result.metrics
+
+
+def test_in_process_timeout_retries_each_sample_and_keeps_the_ones_that_return():
+    calls = []
+    pipe = RewardPipeline([comp("flaky", sleeper(60, on="hang", calls=calls))], timeout_s=0.2)
+    result = pipe(["q"] * 3, ["ab", "hang", "abcd"], {})
+    assert result.components["flaky"] == [2.0, None, 4.0] and result.scored == [True, False, True]
+    assert result.metrics["reward/timeouts"] == 1.0
+    assert calls == [3, 1, 1, 1]  # the batch once, then each sample once (in parallel, under one more limit)
+
+
+def test_a_reward_timing_out_on_every_batch_stops_the_run_naming_the_fix():
+    pipe = RewardPipeline([comp("stuck", sleeper(60))], timeout_s=0.2)
+    for _ in range(MAX_TIMEOUT_STREAK - 1):
+        pipe(["q"], ["a"], {})
+    with pytest.raises(RewardError, match=r"'stuck' timed out on every sample of 3 batches.*data.reward_workers"):
+        pipe(["q"], ["a"], {})
+
+
+def test_timeout_streak_resets_when_a_batch_scores():
+    pipe = RewardPipeline([comp("sometimes", sleeper(60, on="hang"))], timeout_s=0.2)
+    for _ in range(MAX_TIMEOUT_STREAK):
+        pipe(["q"], ["hang"], {})
+        assert pipe(["q"], ["ok"], {}).scored == [True]
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_in_process_batch_gets_the_limit_per_sample(in_process):
+    calls = []
+    fn = sleeper(0.3, calls=calls)
+    fn.in_process = in_process
+    result = RewardPipeline([comp("batchy", fn)], timeout_s=0.2)(["q"] * 2, ["a", "bb"], {})  # 0.3 s < 2 x 0.2 s
+    assert result.scored == [True, True] and calls == [2]
+
+
+def test_a_timed_out_model_batch_is_not_retried_per_sample():
+    calls = []
+    fn = sleeper(60, calls=calls)
+    fn.in_process = True
+    result = RewardPipeline([comp("model", fn)], timeout_s=0.1)(["q"] * 2, ["a", "bb"], {})
+    assert result.scored == [False, False] and result.metrics["reward/timeouts"] == 2.0 and calls == [2]
+
+
+def test_too_many_hung_calls_stop_the_run_naming_the_pool(monkeypatch):
+    monkeypatch.setattr(pipeline, "MAX_HUNG", 2)
+    pipe = RewardPipeline([comp("hangs", sleeper(60, on="hang"))], timeout_s=0.1)
+    pipe(["q"], ["hang"], {})  # the batch call and its retry: two threads that never return
+    with pytest.raises(RewardError, match=r"2 in-process calls of reward 'hangs'.*data.reward_workers=auto"):
+        pipe(["q"], ["ok"], {})
