@@ -34,13 +34,14 @@ def _train(nano_dir, tmp_path, data, *extra) -> int:
 def test_prompts_past_the_context_are_refused_in_one_line(nano_dir, tmp_path, capsys):
     data = _data(tmp_path, [20] * 8 + [300, 304, 250])  # line 10: 305 tokens, the longest
     assert _train(nano_dir, tmp_path, data) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    full = capsys.readouterr().err
+    err = full.strip().splitlines()[-1]
     assert err.startswith("grpoplus train: error: 3 of 11 prompts are longer than 246 tokens")
     assert "the model's 256 positions - rollout.max_new_tokens=10" in err
     assert "d.jsonl line 10, has 305" in err
     for key in ("data.max_prompt_tokens", "rollout.max_new_tokens", "data.long_prompts=truncate_left|drop"):
         assert key in err
-    assert "Traceback" not in capsys.readouterr().err and not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert "Traceback" not in full and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_drop_trains_on_the_prompts_that_fit_and_counts_the_others(nano_dir, tmp_path, capsys):
