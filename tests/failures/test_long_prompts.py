@@ -94,3 +94,10 @@ def test_a_multi_turn_run_is_not_measured_here(tok):
     cfg = build_config(overrides=["max_new_tokens=56", "tools=[calculator]"])
     fit = fit_prompt_lengths(cfg, tok, CONTEXT, _examples([400]), [])
     assert len(fit.train) == 1 and fit.truncated == fit.dropped == 0
+
+
+def test_the_dry_run_says_the_run_would_stop(nano_dir, tmp_path, capsys):
+    data = _data(tmp_path, [20] * 8 + [300, 304, 250])
+    assert main(["train", "--dry-run", "--model", nano_dir, "--data", data, *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "prompts past the model's context: the run would stop: 3 of 11 prompts are longer than 246 tokens" in out
