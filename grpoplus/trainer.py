@@ -172,7 +172,7 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
     progress = Progress(cfg, start)
     try:
         if start == 0:
-            records.append(log(writer, 0, run_eval(cfg, c, 0)))
+            records.append(log(writer, 0, {**c.data_metrics, **run_eval(cfg, c, 0)}))
             history.append(records[-1])
             _notify(callbacks, records[-1])
             progress.update(0, records[-1])

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +40,7 @@ class Components:
     collector: object  # where each step's rollouts come from (grpoplus.distributed.staleness)
     cluster: object | None = None  # the Ray connection of cluster=ray
     demos: object | None = None  # a supervised stage's demonstrations (grpoplus.sft.source.DemoSet)
+    data_metrics: dict = field(default_factory=dict)  # what the data checks changed (data/prompts_dropped), at step 0
 
     def close(self) -> None:
         self.collector.close()
@@ -58,7 +59,7 @@ def assemble(plan: RunPlan) -> Components:
     cfg = plan.config
     build_process(plan.learner.process)
     check_precision(cfg.learner.precision, cfg.learner.device)
-    task, train, test, model, tokenizer = build_task_and_model(plan)
+    task, train, test, model, tokenizer, data_metrics = build_task_and_model(plan)
     check_vocabulary(cfg.learner.teacher, tokenizer)  # before the learner ranks load the teacher
     replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
     collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
@@ -76,4 +77,4 @@ def assemble(plan: RunPlan) -> Components:
         collector = demo_collector(cfg, demos, tokenizer)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner,
-                      collector or roles.collector, roles.cluster, demos)
+                      collector or roles.collector, roles.cluster, demos, data_metrics)

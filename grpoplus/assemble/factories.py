@@ -17,10 +17,11 @@ import torch
 from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
+from grpoplus.data.lengths import model_context
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
-from grpoplus.plan.data import build_data, builtin_tasks, data_rows
+from grpoplus.plan.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 from grpoplus.prompts import PromptSampler
 
@@ -65,8 +66,7 @@ def build_episodes(cfg: Config, tokenizer, model):
 
 def context_length(model) -> int:
     """Longest prompt + response the engines take for this model (EngineOptions.max_model_len)."""
-    max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
-    return min(max_len, 8192)
+    return min(model_context(getattr(model, "config", None)) or 4096, 8192)
 
 
 def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
@@ -116,7 +116,9 @@ def phase(what: str):
 
 
 def build_task_and_model(plan: RunPlan):
-    """The task (built-in or a data set), its train/test examples, and the policy with its tokenizer."""
+    """The task (built-in or a data set), its train/test examples (those whose prompts fit the model's context, per
+    data.long_prompts), the policy with its tokenizer, and the prompt-length metrics for step 0's record (none
+    with data.long_prompts=refuse: nothing was changed)."""
     from grpoplus.models.load import is_builtin
 
     cfg, where = plan.config, plan.placement
@@ -130,7 +132,9 @@ def build_task_and_model(plan: RunPlan):
     host = where.driver_copy_in_host_memory
     model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device,
                                     trains=not (host and where.on_gpus))
-    return (*build_data(cfg, tokenizer, tasks, rows), model, tokenizer)
+    task, train, test = build_data(cfg, tokenizer, tasks, rows)
+    fit = fit_prompt_lengths(cfg, tokenizer, model_context(getattr(model, "config", None)), train, test)
+    return task, fit.train, fit.test, model, tokenizer, fit.metrics() if d.long_prompts != "refuse" else {}
 
 
 def build_lora(lora: LoraPlan, model):

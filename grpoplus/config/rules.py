@@ -100,7 +100,8 @@ def check(cfg: Config) -> None:
 
 @rule("positive_sizes")
 def _positive_sizes(cfg: Config) -> None:
-    """Steps, prompts, group size, lengths, micro-batches and the held-out size are at least 1."""
+    """Steps, prompts, group size, lengths (data.max_prompt_tokens when given), micro-batches and the held-out size are
+    at least 1."""
     positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
                 "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
                 "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
@@ -110,6 +111,9 @@ def _positive_sizes(cfg: Config) -> None:
     if cfg.learner.micro_batch_tokens < 0:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
+    if cfg.data.max_prompt_tokens is not None and cfg.data.max_prompt_tokens < 1:
+        raise ValueError(f"config key data.max_prompt_tokens must be >= 1 (or null: the model's context minus "
+                         f"rollout.max_new_tokens), got {cfg.data.max_prompt_tokens}")
 
 
 @rule("health")

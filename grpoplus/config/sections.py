@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 
 from grpoplus.algo import AlgoConfig
+from grpoplus.data.lengths import LONG_PROMPTS
 from grpoplus.data.loaders import ANSWER_FORMATS, BAD_ROW_POLICIES
 from grpoplus.learner.precision import PRECISIONS
 
@@ -84,7 +85,14 @@ class DataConfig:
     answer_format: Literal[ANSWER_FORMATS] = "auto"
     """How to read the reference answer: raw | gsm8k | math | auto."""
     on_bad_row: Literal[BAD_ROW_POLICIES] = "skip"
-    """Malformed data rows: skip (reported with line numbers) | error."""
+    """Malformed data rows (invalid JSON or UTF-8, a missing field, no answer): skip (reported with line numbers) |
+    error."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens, after the chat template, as the engine encodes it (None = the model's context minus
+    rollout.max_new_tokens; no limit for a model that names no context). Single-turn prompts only."""
+    long_prompts: Literal[LONG_PROMPTS] = "refuse"
+    """A prompt longer than data.max_prompt_tokens: refuse (stop before training, naming the longest) | truncate_left
+    (keep its last tokens) | drop; both counted (data/prompts_truncated, data/prompts_dropped in step 0's record)."""
     eval_size: int = 200
     """Held-out prompts per evaluation."""
     eval_seed: int = 0

@@ -23,7 +23,7 @@ BAD_ROW_POLICIES = ("skip", "error")
 
 @dataclass
 class LoadedData:
-    records: list[dict]  # each {"prompt": str, "answer": str, "fields": {other columns}}
+    records: list[dict]  # each {"prompt": str, "answer": str, "fields": {other columns}, "line": line/row number}
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line/row number, reason)
     function_calls: bool = False  # the rows carry tools and expected calls (grpoplus.data.functions)
 
@@ -32,9 +32,30 @@ class _BadRow(Exception):
     """A row that cannot be used; carries the reason shown to the user."""
 
 
+def _decoded(raw: bytes, first: bool) -> str:
+    """A line's text; a byte that is not UTF-8 is a ``_BadRow`` naming it and its column (a byte-order mark opening
+    the file is dropped)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _BadRow(f"not UTF-8 ({_bad_byte(raw, err.start)}); save the file as UTF-8") from None
+    return text.removeprefix("\ufeff") if first else text
+
+
+def _bad_byte(raw: bytes, start: int) -> str:
+    """``byte 0xff at column 12``: the column counts the characters before it, as an editor shows them."""
+    column = len(raw[:start].decode("utf-8", errors="replace")) + 1
+    return f"byte 0x{raw[start]:02x} at column {column}"
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, object]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = _decoded(raw, line_no == 1)
+            except _BadRow as bad:
+                yield line_no, bad
+                continue
             if not line.strip():
                 continue
             try:
@@ -44,8 +65,15 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, object]]:
 
 
 def _json_rows(path: Path) -> Iterator[tuple[int, object]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:  # the line and column of the byte, not its offset in the file
+        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 "
+                         f"({_bad_byte(raw[line_start:], err.start - line_start)}); save the file as UTF-8") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
     if not isinstance(data, list):
@@ -89,7 +117,8 @@ def _arrow_dir_rows(path: Path) -> Iterator[tuple[int, object]]:
 
 def read_rows(path: Path) -> Iterator[tuple[int, object]]:
     """``(line or row number, row)`` of a JSONL, JSON, Parquet file or ``datasets`` directory; a JSONL line that is
-    not JSON comes as a ``_BadRow`` carrying the reason."""
+    not UTF-8 or not JSON comes as a ``_BadRow`` carrying the reason (a ``.json`` file that is neither stops with its
+    line)."""
     if path.is_dir():
         return _arrow_dir_rows(path)
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
@@ -157,15 +186,24 @@ def load_records(
             for name in used:
                 used[name] = used[name] or name in row or data.function_calls  # those rows name them their way
         try:
-            data.records.append(_record(row, prompt_field, answer_field, answer_format, data.function_calls))
+            data.records.append({**_record(row, prompt_field, answer_field, answer_format, data.function_calls),
+                                 "line": line_no})
         except _BadRow as bad:
             if on_bad_row == "error":
                 raise ValueError(f"{path}: line {line_no}: {bad}") from None
             data.skipped.append((line_no, str(bad)))
     missing = [name for name, found in used.items() if not found]
     if missing and seen_fields:
-        raise ValueError(
-            f"{path}: field(s) {missing} appear in no row; the rows have: {', '.join(sorted(seen_fields))}. "
-            "Set prompt_field / answer_field to map them."
-        )
+        raise ValueError(_missing_fields(path, missing, seen_fields, prompt_field))
     return data
+
+
+def _missing_fields(path: Path, missing: list[str], seen: set[str], prompt_field: str) -> str:
+    """The one line that says a field is in no row: chat rows (``messages``, no prompt) are demonstrations, which
+    ``grpoplus sft --demos`` takes; other rows need their columns mapped."""
+    if "messages" in seen and prompt_field in missing:
+        return (f"{path}: the rows hold chat messages ('messages') and no {prompt_field!r}: they are demonstrations, "
+                "not prompts with answers; pass them as `grpoplus sft --demos FILE` (sft.demos), and give --data "
+                "(data.data) rows with a prompt and an answer (or set prompt_field to a column of prompt text)")
+    return (f"{path}: field(s) {missing} appear in no row; the rows have: {', '.join(sorted(seen))}. "
+            "Set prompt_field / answer_field to map them.")

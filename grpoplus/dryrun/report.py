@@ -113,6 +113,8 @@ def _tokens(run: DryRun) -> list[str]:
         lines.append(f"  prompts: {t.prompt_mean:.0f} tokens on average, {t.prompt_max} at most ({t.prompt_source}): "
                      f"about {t.prompt_tokens:,} tokens")
         lines.append(f"  a sampling round: up to {t.prompt_tokens + t.response_tokens:,} tokens")
+    if t.prompt_fit is not None:
+        lines.append(f"  prompts past the model's context: {t.prompt_fit}")
     if t.max_rounds > 1:
         lines.append(f"  dynamic sampling: up to {t.max_rounds} rounds per step (refills draw only the groups "
                      "still missing)")

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from grpoplus.config import Config, env_of, response_budget
-from grpoplus.plan.data import build_data
+from grpoplus.plan.data import build_data, fit_prompt_lengths
 
 PROMPT_SAMPLE = 256
 """Training prompts tokenized to estimate the prompt length (the first ones of the training split)."""
@@ -24,6 +24,7 @@ class Tokens:
     prompt_mean: float | None  # tokens of a training prompt (None: not estimable here)
     prompt_max: int | None
     prompt_source: str  # how the prompt length was measured, or why it was not
+    prompt_fit: str | None  # what the run does with prompts past the limit (data.long_prompts); None: all fit
     max_rounds: int  # sampling rounds per step (dynamic sampling refills up to this many)
     updates_per_batch: int  # optimizer steps per rollout batch
     minibatch_rows: int
@@ -51,26 +52,59 @@ def token_budget(cfg: Config) -> Tokens:
     rows = r.prompts_per_step * r.group_size
     minibatch = rows // algo.num_minibatches
     micro = -(-minibatch // cfg.learner.micro_batch_size) if not cfg.learner.micro_batch_tokens else 0
-    mean, longest, source = prompt_lengths(cfg)
-    return Tokens(rows, response_budget(cfg.data, r), env_of(cfg.data) is not None, mean, longest, source,
+    mean, longest, source, fit = prompt_lengths(cfg)
+    return Tokens(rows, response_budget(cfg.data, r), env_of(cfg.data) is not None, mean, longest, source, fit,
                   algo.max_sampling_rounds if algo.dynamic_sampling else 1, algo.updates_per_batch, minibatch, micro)
 
 
-def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str]:
-    """(mean, max, how): the token lengths of the first training prompts, as the engine is handed them."""
+def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str, str | None]:
+    """(mean, max, how, fit): the token lengths of the first training prompts, as the engine is handed them, and what
+    the run will do with the prompts past the model's context (:func:`prompt_fit`)."""
     tokenizer, why = _tokenizer(cfg.learner.model)
     if tokenizer is None:
-        return None, None, why
+        return None, None, why, None
     try:
-        _, train, _ = build_data(cfg, tokenizer)
+        _, train, test = build_data(cfg, tokenizer)
     except (ValueError, ImportError, OSError, KeyError) as err:
-        return None, None, f"unknown (the training prompts could not be read here: {str(err).splitlines()[0]})"
+        return None, None, f"unknown (the training prompts could not be read here: {str(err).splitlines()[0]})", None
     prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
     if not prompts:
-        return None, None, "unknown (no training prompts)"
+        return None, None, "unknown (no training prompts)", None
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]  # special tokens added, as the engines encode
     turn = ", first turn" if env_of(cfg.data) is not None else ""
-    return statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}"
+    return (statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}",
+            prompt_fit(cfg, tokenizer, train, test))
+
+
+def prompt_fit(cfg: Config, tokenizer, train: list, test: list) -> str | None:
+    """The run's own rule (:func:`grpoplus.plan.data.fit_prompt_lengths`) on every prompt: its refusal, or how many
+    prompts it drops or cuts; None when all fit (or the model's context is not known here and no limit is set)."""
+    try:
+        fit = fit_prompt_lengths(cfg, tokenizer, model_context_here(cfg.learner.model), train, test)
+    except ValueError as err:
+        return f"the run would stop: {err}"
+    if fit.dropped or fit.truncated:
+        return f"{fit.dropped} dropped, {fit.truncated} cut from the left (data.long_prompts={cfg.data.long_prompts})"
+    return None
+
+
+def model_context_here(model: str | None) -> int | None:
+    """The model's positions read without its weights: the built-in tiny models' config, or a model directory's
+    config.json; None elsewhere."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from grpoplus.data.lengths import model_context
+    from grpoplus.models.load import is_builtin
+
+    if is_builtin(model):
+        from grpoplus.models.tiny import tiny_config
+        from grpoplus.models.tokenizer import char_tokenizer
+
+        return model_context(tiny_config(len(char_tokenizer())))  # every built-in tiny model takes as many
+    config = Path(model).expanduser() / "config.json"
+    return model_context(SimpleNamespace(**json.loads(config.read_text()))) if config.is_file() else None
 
 
 def _tokenizer(model: str | None):

@@ -4,9 +4,11 @@ roles and the dry run measures their prompts. No weight is loaded to make them."
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from grpoplus.config import Config, env_of
+from grpoplus.data.lengths import PromptFit, fit_prompts, prompt_limit
 
 if TYPE_CHECKING:
     from grpoplus.tasks.dataset import DataRows
@@ -63,3 +65,18 @@ def build_data(cfg: Config, tokenizer, tasks: tuple | None = None,
                          "each row a problem_id field (rows that share one prompt, as when an environment draws its own "
                          "task) or held-out rows of their own (data.eval_data)")
     return task, kept, test
+
+
+def fit_prompt_lengths(cfg: Config, tokenizer, context: int | None, train: list, test: list) -> PromptFit:
+    """The training and held-out examples whose prompts fit ``data.max_prompt_tokens`` (by default ``context``, the
+    model's positions, minus ``rollout.max_new_tokens``), per ``data.long_prompts`` (:mod:`grpoplus.data.lengths`):
+    each prompt measured once, as the engine encodes it. A multi-turn run's are left as they are: its episodes render
+    the opening messages themselves and fit each turn's response to the room left (:mod:`grpoplus.envs.episodes`)."""
+    if env_of(cfg.data) is not None:
+        return PromptFit(list(train), list(test))
+    limit = prompt_limit(context, cfg.rollout.max_new_tokens, cfg.data.max_prompt_tokens)
+    fit = fit_prompts(train, test, tokenizer, limit, cfg.data.long_prompts)
+    note = fit.note(limit) if limit is not None else None
+    if note:
+        print(note, file=sys.stderr)
+    return fit

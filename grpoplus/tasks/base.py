@@ -23,6 +23,7 @@ class Example:
     prompt: str
     answer: str
     fields: dict = field(default_factory=dict)
+    origin: str = ""  # where it was read (a data file's line), named by messages about it; "" for a generated one
 
 
 class Task(Protocol):

@@ -79,17 +79,18 @@ def _records(path: str, d) -> tuple[list[dict], bool]:
     return loaded.records, loaded.function_calls
 
 
-def _example(record: dict, tokenizer) -> Example:
+def _example(record: dict, tokenizer, path: str) -> Example:
     """A record as an example: its prompt through the chat template (``tokenizer`` None: as it is), a
-    function-calling record's with its tools (described above the prompt without a template)."""
+    function-calling record's with its tools (described above the prompt without a template); its origin is the
+    file's line."""
     from grpoplus.data import apply_chat_template
 
-    fields = record.get("fields", {})
+    fields, origin = record.get("fields", {}), f"{path} line {record.get('line', '?')}"
     if "tools" in fields:
         return Example(apply_chat_template(tokenizer, fields["messages"], tools=fields["tools"]), record["answer"],
-                       fields)
+                       fields, origin)
     prompt = apply_chat_template(tokenizer, record["prompt"]) if tokenizer is not None else record["prompt"]
-    return Example(prompt, record["answer"], fields)
+    return Example(prompt, record["answer"], fields, origin)
 
 
 def dataset_task(d, tokenizer, seed: int, rows: DataRows | None = None) -> DatasetTask:
@@ -97,9 +98,9 @@ def dataset_task(d, tokenizer, seed: int, rows: DataRows | None = None) -> Datas
     now when not given)."""
     rows = rows or read_rows(d)
     verifier = function_call_verifier if rows.function_calls else math_verifier
-    train = [_example(r, tokenizer) for r in rows.train]
+    train = [_example(r, tokenizer, d.data) for r in rows.train]
     if rows.held_out is not None:
-        return DatasetTask(d.task, train, [_example(r, tokenizer) for r in rows.held_out], verifier)
+        return DatasetTask(d.task, train, [_example(r, tokenizer, d.eval_data) for r in rows.held_out], verifier)
     if len(train) < 2:
         raise ValueError(f"{d.data}: at least 2 rows are needed to hold some out (or give eval_data)")
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()

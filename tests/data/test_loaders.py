@@ -85,3 +85,36 @@ def test_bad_options_are_rejected(tmp_path):
         load_records(path, answer_format="latex")
     with pytest.raises(ValueError, match="unsupported data file type"):
         load_records(_write_jsonl(tmp_path / "d.csv", ["a,b"]))
+
+
+def test_a_jsonl_line_that_is_not_utf8_is_a_bad_row_named_by_line_and_column(tmp_path):
+    path = tmp_path / "d.jsonl"
+    good = [json.dumps({"prompt": f"p{i}", "answer": str(i)}).encode() for i in range(3)]
+    bad = b'{"prompt": "caf\xc3\xa9 \xff", "answer": "1"}'  # é is two bytes but one column; 0xff is never UTF-8
+    path.write_bytes(b"\n".join([good[0], bad, good[1], good[2]]) + b"\n")
+    data = load_records(path)
+    assert [r["prompt"] for r in data.records] == ["p0", "p1", "p2"]
+    assert data.skipped == [(2, "not UTF-8 (byte 0xff at column 18); save the file as UTF-8")]
+    with pytest.raises(ValueError, match=r"d.jsonl: line 2: not UTF-8 \(byte 0xff at column 18\)"):
+        load_records(path, on_bad_row="error")
+
+
+def test_a_byte_order_mark_opening_a_jsonl_file_is_not_a_bad_row(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "p", "answer": "1"}).encode() + b"\n")
+    assert load_records(path).skipped == []
+
+
+def test_a_json_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_bytes(b'[\n{"prompt": "a", "answer": "1"},\n{"prompt": "b\xfe", "answer": "2"}\n]\n')
+    with pytest.raises(ValueError, match=r"d.json: line 3: not UTF-8 \(byte 0xfe at column 14\)"):
+        load_records(path)
+
+
+def test_chat_rows_given_as_prompts_are_named_demonstrations(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}] * 2
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in rows])
+    with pytest.raises(ValueError, match=r"chat messages.*demonstrations.*grpoplus sft --demos FILE") as err:
+        load_records(path)
+    assert "\n" not in str(err.value)

@@ -72,7 +72,9 @@ def test_train_runs_on_the_task_and_on_its_rows_as_a_data_file(nano_dir, tmp_pat
     rows = tmp_path / "rows.jsonl"
     write_rows([str(rows), "--rows", "24", "--difficulty", "1"])  # one tool: a prompt of about 500 characters
     out = tmp_path / "data"
-    assert main(["train", "--data", str(rows), "--model", nano_dir, "--out", str(out), "max_steps=1",
-                 "rewards=[function_call]", *SMALL]) == 0
+    args = ["train", "--data", str(rows), "--model", nano_dir, "--out", str(out), "max_steps=1",
+            "rewards=[function_call]", *SMALL]
+    assert main(args) == 2  # its prompts, tools described, are past the nano model's 256 positions
+    assert main([*args, "long_prompts=truncate_left"]) == 0  # their last tokens: the question
     last = read_metrics(out)[-1]
     assert "reward/function_call/mean" in last and last["reward/errors"] == 0.0
