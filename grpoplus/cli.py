@@ -28,6 +28,10 @@ def _add_train(sub) -> None:
                    help="check the config and print the resolved config, where each role runs, the memory per "
                         "device and the tokens per step, loading no model and starting nothing; what this machine "
                         "lacks (GPUs, vLLM, Ray) is listed as needs, not raised")
+    p.add_argument("--check", action="store_true",
+                   help="the preflight alone: load the model and data (every row read, every prompt measured against "
+                        "the model's context) and score real completions of the first prompts with the rewards; "
+                        "train nothing, write nothing; exit 1 when a reward fails or scores every completion alike")
     p.set_defaults(func=_train)
 
 
@@ -94,6 +98,9 @@ def _train(args) -> int:
     if args.dry_run:
         from grpoplus.dryrun import print_dry_run
         return print_dry_run(args.preset, args.config, overrides, args.resume)
+    if args.check:
+        from grpoplus.trainer import check_only
+        return check_only(build_config(args.preset, args.config, overrides))
     if args.resume:
         if args.preset or args.config:
             raise ValueError("--resume takes the run's saved config: give changes as key=value, not --preset/--config")

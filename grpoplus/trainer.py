@@ -28,6 +28,7 @@ from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.plan import eval_plan, resolve
+from grpoplus.preflight import Preflight, check_rewards
 from grpoplus.rundir import RunDir
 
 
@@ -107,6 +108,9 @@ def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict]
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
         print_inert_notice(cfg)
+        if start == 0:
+            for line in preflight(cfg, c).findings:
+                print(f"preflight: {line}", file=sys.stderr)
         return _loop(cfg, c, run_dir, start, counters, resumed=start > 0, callbacks=callbacks)
     finally:
         c.close()
@@ -135,6 +139,35 @@ def evaluate_only(cfg: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / EVAL_FILE).write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def preflight(cfg: Config, c: Components) -> Preflight:
+    """The rewards on real completions of the first training prompts, before step 1 (:mod:`grpoplus.preflight`); a
+    supervised stage has no rewards to check."""
+    if cfg.run.stage != "rl" or not cfg.health.preflight_prompts:
+        return Preflight()
+    return check_rewards(c, cfg.health.preflight_prompts, cfg.run.seed)
+
+
+def check_only(cfg: Config) -> int:
+    """``grpoplus train --check``: assemble the run (every data row read, every prompt measured against the model's
+    context) and call the rewards once on real completions, training nothing and writing nothing; prints what it
+    checked and each finding, one line each; 1 when there is a finding, else 0."""
+    plan = resolve(cfg)
+    c = assemble(plan)
+    try:
+        report = preflight(cfg, c)
+        facts = [f"data: {len(c.train)} training and {len(c.test)} held-out prompts"
+                 + "".join(f", {k} {int(v)}" for k, v in c.data_metrics.items() if v)]
+        for line in facts + report.facts:
+            print(f"check: {line}")
+        for line in report.findings:
+            print(f"check: finding: {line}")
+    finally:
+        c.close()
+    print(f"check: {len(report.findings)} finding(s)" if report.findings else "check: ok: nothing found that stops "
+          "the run or makes it learn nothing")
+    return 1 if report.findings else 0
 
 
 def print_inert_notice(cfg: Config) -> None:

@@ -118,10 +118,11 @@ def _positive_sizes(cfg: Config) -> None:
 
 @rule("health")
 def _health(cfg: Config) -> None:
-    """The guard's stop counts steps (0 = never stops) and a sync-gap bound is a positive number."""
+    """The guard's stop and the preflight count steps and prompts (0 = off); a sync-gap bound is a positive number."""
     h = cfg.health
-    if h.stop_after < 0:
-        raise ValueError(f"config key health.stop_after must be >= 0 (0 = never stop), got {h.stop_after}")
+    for key in ("stop_after", "preflight_prompts"):
+        if getattr(h, key) < 0:
+            raise ValueError(f"config key health.{key} must be >= 0 (0 = off), got {getattr(h, key)}")
     if h.sync_gap_max is not None and not h.sync_gap_max > 0:
         raise ValueError(f"config key health.sync_gap_max must be > 0 (or null: the precision's bound), got "
                          f"{h.sync_gap_max}")

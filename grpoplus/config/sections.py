@@ -373,6 +373,10 @@ class HealthConfig:
     stop_after: int = 20
     """Stop the run (exit status 3, its checkpoint written) after this many consecutive steps with no learning
     signal (every group of zero spread, or every update non-finite); 0 = never stop."""
+    preflight_prompts: int = 2
+    """Before step 1 the rewards score a group of completions of each of this many first training prompts: a reward
+    that fails, or scores every completion alike, is named before training starts (grpoplus train --check runs this
+    preflight alone); 0 = no preflight."""
     sync_gap_max: float | None = None
     """Largest mismatch/k3 of the tokens just sampled with the current weights before the sync_gap warning: None =
     the precision's bound (1e-6 for fp32, 0.05 for bf16 or TF32; unchecked for an int8 or fp8 sampler)."""
