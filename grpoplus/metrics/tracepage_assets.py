@@ -28,8 +28,8 @@ SCRIPT = r"""
     const a = r.advantage.filter((_, i) => r.mask[i] === '1');
     return a.length ? a.reduce((x, y) => x + y, 0) / a.length : 0;
   };
-  const gaps = (r) => r.logp_learner === null ? null :
-    r.logp_engine.map((e, i) => r.mask[i] === '1' ? e - r.logp_learner[i] : 0);
+  const gaps = (r) => r.logp_learner_e6 === null ? null :
+    r.logp_engine_e6.map((e, i) => r.mask[i] === '1' ? (e - r.logp_learner_e6[i]) / 1e6 : 0);
   const maxGap = (r) => { const g = gaps(r); return g === null ? null : Math.max(0, ...g.map(Math.abs)); };
   const fmt = (x, d) => x === null || x === undefined ? '-' : Number(x).toFixed(d);
 
@@ -83,8 +83,9 @@ SCRIPT = r"""
       esc(text(id)) + '</span>').join('');
     const response = r.response_ids.map((id, i) => {
       const c = colour(r, i, s, adv, gap, scale);
-      const tip = 'id ' + id + (r.mask[i] === '1' ? ' | engine ' + r.logp_engine[i] + ' | learner ' +
-        (r.logp_learner ? r.logp_learner[i] : '-') : ' | environment token') + ' | advantage ' + fmt(adv[i], 4);
+      const tip = 'id ' + id + (r.mask[i] === '1' ? ' | engine ' + r.logp_engine_e6[i] / 1e6 + ' | learner ' +
+        (r.logp_learner_e6 ? r.logp_learner_e6[i] / 1e6 : '-') : ' | environment token') + ' | advantage ' +
+        fmt(adv[i], 4);
       return '<span class="tok ' + c.cls + '" style="' + c.bg + '" title="' + tip + '">' + esc(text(id)) + '</span>';
     }).join('');
     const parts = Object.entries(r.rewards).map(([k, v]) => k + ' ' + fmt(v, 3)).join(', ');

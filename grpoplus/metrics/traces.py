@@ -9,9 +9,10 @@ One JSON object per sample (one line), gzip'ed, written once per step after the 
 - ``mask``: one character per response token, ``1`` sampled by the policy, ``0`` an environment token (the
   observation or tool result of a multi-turn trajectory); ``loss_mask``: ``1`` on the tokens that carried loss
   (after the overlong, GFPO and entropy filters);
-- ``logp_engine``: the sampler's log-prob of each response token; ``logp_learner``: the learner's pi_old log-prob
-  of the same token (null when the run takes pi_old from the sampler, ``learner.logp_old=rollout``); both rounded to
-  1e-6 and 0 on environment tokens;
+- ``logp_engine_e6``: the sampler's log-prob of each response token times 10^6, rounded to an integer (micro-nats:
+  integers keep the file small and quick to write); ``logp_learner_e6``: the learner's pi_old log-prob of the same
+  token, alike (null when the run takes pi_old from the sampler, ``learner.logp_old=rollout``); both 0 on
+  environment tokens;
 - ``reward`` (the trained total), ``rewards`` (each component, null where it does not apply), ``correct``
   (the verifier's verdict), ``advantage`` (a number, or one per response token with token-level advantages);
 - ``finish``: ``stop`` (the end token), ``length`` (the token, turn or context limit), ``env`` (the environment
@@ -59,11 +60,11 @@ def read_trace(directory: str | Path, step: int) -> list[dict]:
         return [json.loads(line) for line in handle]
 
 
-def _rounded(x: "torch.Tensor") -> list[list[float]]:
-    """Log-probs rounded to 1e-6 (as short decimals in JSON), as nested lists."""
-    import torch
+def _micro(x: "torch.Tensor") -> list[list[int]]:
+    """Log-probs in micro-nats (times 10^6, rounded to integers), as nested lists."""
+    import numpy as np
 
-    return (torch.round(x.double() * 1e6) / 1e6).tolist()
+    return np.rint(x.numpy().astype(np.float64) * 1e6).astype(np.int64).tolist()  # numpy: no thread pool to wake
 
 
 def _finish(finished: bool, end: str | None) -> str:
@@ -72,8 +73,9 @@ def _finish(finished: bool, end: str | None) -> str:
     return "env" if end == "done" else "error" if end in ERROR_ENDS else "length"
 
 
-def _bits(row: list[float], n: int) -> str:
-    return "".join("1" if v > 0 else "0" for v in row[:n])
+def _bits(mask: "torch.Tensor") -> list[bytes]:
+    """[N, T] mask -> each row's ``0``/``1`` characters (ASCII bytes; a row's first t of them are its string)."""
+    return [row.tobytes() for row in ((mask > 0).byte() + ord("0")).numpy()]
 
 
 def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int, limit: int) -> list[dict]:
@@ -84,11 +86,11 @@ def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int
     prompt_len, response_len = r.prompt_mask[:n].sum(1).tolist(), r.response_mask[:n].sum(1).long().tolist()
     sampled = r.sampled_mask[:n].float()
     prompts, responses = r.prompt_ids[:n].tolist(), r.response_ids[:n].tolist()
-    mask, engine = sampled.tolist(), _rounded(r.logp_roll[:n] * sampled)
+    mask, engine = _bits(sampled), _micro(r.logp_roll[:n] * sampled)
     learner = loss = advantages = None
     if learned is not None:
-        loss, advantages = learned.loss_mask[:n].tolist(), learned.advantages[:n].tolist()
-        learner = None if learned.logp is None else _rounded(learned.logp[:n] * sampled)
+        loss, advantages = _bits(learned.loss_mask[:n]), learned.advantages[:n].tolist()
+        learner = None if learned.logp is None else _micro(learned.logp[:n] * sampled)
     rewards, correct, finished = groups.rewards[:n].tolist(), groups.correct[:n].tolist(), r.finished[:n].tolist()
     groups_of = r.group_ids[:n].tolist()
     rows = []
@@ -100,8 +102,8 @@ def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int
             "step": step, "row": i, "group": groups_of[i], "prompt_index": r.prompt_index[groups_of[i]],
             "version": r.policy_version, "trained": learned is not None,
             "prompt_ids": prompts[i][len(prompts[i]) - p:], "response_ids": responses[i][:t],
-            "mask": _bits(mask[i], t), "loss_mask": None if loss is None else _bits(loss[i], t),
-            "logp_engine": engine[i][:t], "logp_learner": None if learner is None else learner[i][:t],
+            "mask": mask[i][:t].decode(), "loss_mask": None if loss is None else loss[i][:t].decode(),
+            "logp_engine_e6": engine[i][:t], "logp_learner_e6": None if learner is None else learner[i][:t],
             "reward": rewards[i], "correct": bool(correct[i]),
             "rewards": {k: None if v[i] is None else float(v[i]) for k, v in groups.components.items()},
             "advantage": adv[:t] if isinstance(adv, list) else adv,
@@ -147,7 +149,7 @@ class TraceWriter:
         path = trace_path(self.directory, step)
         text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
         partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=4, mtime=0))
+        partial.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=1, mtime=0))
         partial.replace(path)
         self.sizes[step] = path.stat().st_size
         thin(self.directory, self.sizes, self.max_bytes)

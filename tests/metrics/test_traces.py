@@ -60,13 +60,14 @@ def test_a_step_traces_what_the_learner_trained_on(nano_dir, tmp_path, logp_old,
         assert row["response_ids"] == r.response_ids[i, :n].tolist()
         assert row["mask"] == "".join(str(int(v)) for v in r.sampled_mask[i, :n].tolist())
         assert row["finish"] == ("stop" if r.finished[i] else "length") and row["version"] == r.policy_version
-        assert row["logp_engine"] == pytest.approx(r.logp_roll[i, :n].tolist(), abs=1e-6)
+        engine = torch.tensor(row["logp_engine_e6"]) / 1e6  # micro-nats
+        assert engine.tolist() == pytest.approx(r.logp_roll[i, :n].tolist(), abs=1e-6)
         if logp_old == "rollout":  # pi_old is the sampler's: the learner computed none
-            assert row["logp_learner"] is None
+            assert row["logp_learner_e6"] is None
             continue
-        assert row["logp_learner"] == pytest.approx(recomputed[i, :n].tolist(), abs=1e-5)
-        gap = torch.tensor(row["logp_engine"]) - torch.tensor(row["logp_learner"])
-        assert gap.abs().max() < 1e-3  # same weights, both float32 on the CPU: only the kernels differ
+        learner = torch.tensor(row["logp_learner_e6"]) / 1e6
+        assert learner.tolist() == pytest.approx(recomputed[i, :n].tolist(), abs=1e-5)
+        assert (engine - learner).abs().max() < 1e-3  # same weights, both float32 on the CPU: only the kernels differ
 
 
 def test_traces_are_thinned_to_their_budget_odd_steps_first_oldest_first(tmp_path):
