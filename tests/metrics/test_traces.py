@@ -70,6 +70,28 @@ def test_a_step_traces_what_the_learner_trained_on(nano_dir, tmp_path, logp_old,
         assert (engine - learner).abs().max() < 1e-3  # same weights, both float32 on the CPU: only the kernels differ
 
 
+def test_a_multi_turn_trace_marks_environment_tokens_and_says_how_each_trajectory_ended():
+    from grpoplus.containers import LearnerTrace, Rollouts, ScoredGroups
+
+    n, t = 3, 5
+    model_mask = torch.tensor([[1, 1, 0, 0, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
+    r = Rollouts(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long), torch.arange(n * t).view(n, t),
+                 response_mask, -0.5 * model_mask, torch.tensor([True, False, False]), torch.zeros(n, dtype=torch.long),
+                 ["a", "b", "c"], [7], model_mask=model_mask, end_reasons=["done", "timeout", "max_turns"])
+    groups = ScoredGroups(r, torch.tensor([1.0, 0.0, 0.5]), torch.tensor([True, False, False]),
+                          {"task": [1.0, None, 0.0], "env": [0.0, 0.0, 0.5]})
+    learned = LearnerTrace(torch.tensor([1.0, -1.0, 0.0]), model_mask, -0.25 * torch.ones(n, t))
+    rows = trace_rows(groups, learned, 5, limit=10)
+    assert [row["mask"] for row in rows] == ["11001", "100", "111"]  # the response's tokens only, padding cut
+    assert [row["finish"] for row in rows] == ["env", "error", "length"]
+    assert [row["end"] for row in rows] == ["done", "timeout", "max_turns"]
+    assert rows[0]["logp_engine_e6"] == [-500000, -500000, 0, 0, -500000]  # environment tokens: 0
+    assert rows[0]["logp_learner_e6"] == [-250000, -250000, 0, 0, -250000]
+    assert rows[1]["rewards"] == {"task": None, "env": 0.0} and rows[1]["advantage"] == -1.0
+    assert len(trace_rows(groups, None, 5, limit=2)) == 2 and trace_rows(groups, None, 5, 2)[0]["trained"] is False
+
+
 def test_traces_are_thinned_to_their_budget_odd_steps_first_oldest_first(tmp_path):
     for step in range(1, 11):
         trace_path(tmp_path, step).write_bytes(b"x" * 100)
