@@ -1,4 +1,4 @@
-"""``grpoplus`` command line: train | sft | eval | report | compare | doctor | export | presets | lab | selftest."""
+"""``grpoplus`` command line: train | sft | eval | report | compare | doctor | traces | export | presets | lab | selftest."""
 
 from __future__ import annotations
 

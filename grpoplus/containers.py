@@ -53,6 +53,9 @@ class Rollouts:
     # and the response index of each turn's last sampled token (the process estimator's step ends); None: one turn
     turn_rewards: list[list[float | None]] | None = None
     turn_ends: list[list[int]] | None = None
+    # multi-turn trajectories: why each ended (grpoplus.envs.episodes.REASONS: done, max_turns, length, context,
+    # error, timeout, malformed); None: single turn (``finished`` says stop or length)
+    end_reasons: list[str] | None = None
 
     @property
     def env_returns(self) -> torch.Tensor | None:  # [N] float32
@@ -89,7 +92,8 @@ class Rollouts:
             texts=[self.texts[i] for i in rows.tolist()], prompt_index=[self.prompt_index[g] for g in uniq.tolist()],
             policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows],
             model_mask=None if self.model_mask is None else self.model_mask[rows],
-            turn_rewards=_pick(self.turn_rewards, rows), turn_ends=_pick(self.turn_ends, rows))
+            turn_rewards=_pick(self.turn_rewards, rows), turn_ends=_pick(self.turn_ends, rows),
+            end_reasons=_pick(self.end_reasons, rows))
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
@@ -116,6 +120,7 @@ class Rollouts:
             model_mask=None if all(p.model_mask is None for p in parts) else
             torch.cat([_pad(p.sampled_mask, width_t, 0.0) for p in parts]),
             turn_rewards=_joined(parts, "turn_rewards"), turn_ends=_joined(parts, "turn_ends"),
+            end_reasons=_joined(parts, "end_reasons"),
         )
 
 
@@ -216,8 +221,21 @@ class TrainBatch:
 
 
 @dataclass
+class LearnerTrace:
+    """What the learner made of each row of a batch, for the run's traces (grpoplus.metrics.traces)."""
+
+    advantages: torch.Tensor  # [N] or [N, T], as the loss took them
+    loss_mask: torch.Tensor  # [N, T] the tokens that carried loss (after the filters)
+    logp: torch.Tensor | None  # [N, T] the learner's pi_old log-probs of the sampled tokens; None: it computed none
+    # (learner.logp_old=rollout takes the sampler's)
+
+
+@dataclass
 class UpdateResult:
-    """What the update reports: metrics of every optimizer step, reduced, and the entropy it measured."""
+    """What the update reports: metrics of every optimizer step, reduced, the entropy it measured, and (from the
+    learner) what it made of each row."""
 
     metrics: dict[str, float]
     entropy: torch.Tensor | None  # [N, T] token entropy, when the training forward measured it
+    logp: torch.Tensor | None = None  # [N, T] pi_old log-probs, when the training forward is pi_old (logp_old=forward)
+    trace: LearnerTrace | None = None

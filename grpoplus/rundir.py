@@ -5,6 +5,7 @@ RUN/
   config.yaml          the resolved config
   metrics.jsonl        one JSON object per step
   samples.jsonl        a few completions per step with rewards
+  traces/step-N.jsonl.gz  every trained sample of step N, token by token (grpoplus.metrics.traces; run.traces)
   checkpoints/step-N/  model + trainer state (grpoplus.learner.checkpoint)
   tb/                  TensorBoard event files (run.loggers: tensorboard)
   wandb/, mlruns/      offline W&B / local MLflow runs (run.loggers: wandb, mlflow)
@@ -26,13 +27,14 @@ if TYPE_CHECKING:  # the metrics reader imports this module and must stay free o
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+TRACES_DIR = "traces"
 CHECKPOINTS_DIR = "checkpoints"
 TB_DIR = "tb"
 REPORT_DIR = "report"
 WANDB_DIR = "wandb"
 MLRUNS_DIR = "mlruns"
 TRACKERS_FILE = "trackers.json"
-OUTPUTS = (METRICS_FILE, SAMPLES_FILE, CHECKPOINTS_DIR, TB_DIR, REPORT_DIR, WANDB_DIR, MLRUNS_DIR, TRACKERS_FILE)
+OUTPUTS = (METRICS_FILE, SAMPLES_FILE, TRACES_DIR, CHECKPOINTS_DIR, TB_DIR, REPORT_DIR, WANDB_DIR, MLRUNS_DIR, TRACKERS_FILE)
 """What a run writes; a directory holding any of these holds a run."""
 
 
@@ -53,6 +55,10 @@ class RunDir:
     @property
     def samples(self) -> Path:
         return self.root / SAMPLES_FILE
+
+    @property
+    def traces(self) -> Path:
+        return self.root / TRACES_DIR
 
     @property
     def checkpoints(self) -> Path:

@@ -12,19 +12,21 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpoplus.assemble import Components, assemble
 from grpoplus.assemble.learner import RANK_BUILDERS
 from grpoplus.config import Config
-from grpoplus.containers import ScoredGroups
+from grpoplus.containers import LearnerTrace, ScoredGroups
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
 from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
 from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
 from grpoplus.metrics.guard import GuardPlan, HealthGuard, HealthStop
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
+from grpoplus.metrics.traces import TraceWriter
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.plan import eval_plan, resolve
@@ -32,8 +34,24 @@ from grpoplus.preflight import Preflight, check_rewards
 from grpoplus.rundir import RunDir
 
 
+@dataclass
+class StepOutput:
+    """What one step hands to the loop: its metrics, the groups to log samples of, and what the learner made of them
+    (None: it trained on nothing)."""
+
+    metrics: dict
+    groups: ScoredGroups
+    learned: LearnerTrace | None = None
+
+
 def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
+    out = run_step(cfg, c, step)
+    return out.metrics, out.groups
+
+
+def run_step(cfg: Config, c: Components, step: int) -> StepOutput:
+    """One rollout batch through every stage."""
     collected = c.collector.next(step)
     if cfg.run.release_memory != "off":
         give_back_freed_memory()  # what the rollout freed, before the learner allocates (the learner's
@@ -44,7 +62,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     if collected.batch is None:  # every group had zero spread: nothing to train on this step
         metrics.update({"optim/skipped_updates": 0.0, "time/learner_s": 0.0})
         c.learner.publish(version=step)  # versions count steps, trained on or not (bounded staleness relies on it)
-        return metrics, collected.drawn[-1]
+        return StepOutput(metrics, collected.drawn[-1])
     t0 = time.perf_counter()
     c.engine.offload()  # GPU engines free their memory for the update; sync_weights brings them back
     result = c.learner.learn(collected.batch, step)  # prepare + optimizer steps, on every learner rank
@@ -59,7 +77,7 @@ def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroup
     metrics.update({"time/learner_s": learner_s,
                     "throughput/learner_tok_s": trained * cfg.algo.num_iterations / max(learner_s, 1e-9),
                     "throughput/rollout_tok_s": drawn / max(metrics["time/rollout_s"], 1e-9)})
-    return metrics, collected.batch
+    return StepOutput(metrics, collected.batch, result.trace)
 
 
 def run_eval(cfg: Config, c: Components, step: int) -> dict:
@@ -195,6 +213,8 @@ def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:
 def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool,
           callbacks: Sequence[Callable[[dict], Any]] = ()) -> list[dict]:
     truncate_jsonl(run_dir.samples, start)
+    traces = TraceWriter(run_dir.traces, trace_limit(cfg),
+                         int(cfg.run.traces_max_mb * 2**20), resume_step=start)
     writer = MetricsWriter(run_dir.root, loggers=cfg.run.loggers, resume_step=start if resumed else None,
                            config=cfg.to_dict())
     info = batch_info_from_config(cfg.to_dict())
@@ -211,7 +231,8 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             progress.update(0, records[-1])
         for step in range(start + 1, cfg.run.max_steps + 1):
             t0 = time.perf_counter()
-            metrics, scored = train_step(cfg, c, step)
+            out = run_step(cfg, c, step)
+            metrics = out.metrics
             last = step == cfg.run.max_steps
             if last or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 metrics.update(run_eval(cfg, c, step))
@@ -225,7 +246,8 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             for line in guard.observe(step, records[-1]):
                 progress.write(line)
             stop = stop or guard.stop_reason is not None
-            run_dir.write_samples(step, scored, cfg.run.log_samples)
+            run_dir.write_samples(step, out.groups, cfg.run.log_samples)
+            traces.write(step, out.groups, out.learned)
             if last or stop or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
                                keep=cfg.run.keep_checkpoints)
@@ -247,6 +269,14 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
         for line in closing_lines(history, run_dir.root):
             print(line, file=sys.stderr)
     return records
+
+
+def trace_limit(cfg: Config) -> int:
+    """Samples per step written to RUN/traces: ``run.traces`` true is every one, a number that many, false none; a
+    supervised stage writes none (its rows are demonstrations, with no sampler log-probs or advantages)."""
+    if cfg.run.stage == "sft":
+        return 0
+    return sys.maxsize if cfg.run.traces is True else int(cfg.run.traces)
 
 
 def closing_lines(history: list[dict], run: Path) -> list[str]:

@@ -101,13 +101,16 @@ def check(cfg: Config) -> None:
 @rule("positive_sizes")
 def _positive_sizes(cfg: Config) -> None:
     """Steps, prompts, group size, lengths (data.max_prompt_tokens when given), micro-batches and the held-out size are
-    at least 1."""
+    at least 1; trace counts and budgets are not negative."""
     positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
                 "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
                 "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config key {key} must be >= 1, got {value}")
+    if cfg.run.traces < 0 or cfg.run.traces_max_mb <= 0:
+        raise ValueError(f"config keys run.traces must be >= 0 (or true/false) and run.traces_max_mb > 0, got "
+                         f"{cfg.run.traces} and {cfg.run.traces_max_mb}")
     if cfg.learner.micro_batch_tokens < 0:
         raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")

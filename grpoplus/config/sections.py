@@ -38,6 +38,15 @@ class RunConfig:
     """How many complete checkpoints to keep (the newest)."""
     log_samples: int = 4
     """Completions per step written to samples.jsonl."""
+    traces: bool | int = True
+    """Rollout traces in RUN/traces, one gzip'ed JSONL file per step (grpoplus traces RUN draws a page of one):
+    true = every trained sample of the step, N = its first N samples, false (0) = none. Each sample's prompt and
+    response ids, policy/environment mask, engine and learner log-probs, reward components, advantage, weight
+    version and finish reason."""
+    traces_max_mb: float = 256.0
+    """Disk budget of RUN/traces in MB: over it, older steps' files are thinned (odd steps first, then those not a
+    multiple of 4, of 8, ...; oldest first), so the whole run stays visible at a growing stride; the newest step's
+    file is always kept."""
     doctor_every: int = 10
     """Run the doctor on the metrics so far every K steps and warn on new findings; 0 = off."""
     loggers: list = field(default_factory=lambda: ["tensorboard"])

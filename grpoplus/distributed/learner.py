@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from grpoplus import algo as A
-from grpoplus.containers import ScoredGroups, TrainBatch, UpdateResult
+from grpoplus.containers import LearnerTrace, ScoredGroups, TrainBatch, UpdateResult
 from grpoplus.distributed.group import RankGroup, RoleError
 from grpoplus.distributed.sharding import save_optimizer_shards
 from grpoplus.learner import checkpoint as ckpt
@@ -87,8 +87,7 @@ class Learner:
         batch, entropy, metrics = prepare(scored, p.model, p.ref_model, self.algo, self.plan, p.teacher)
         self._tell("update", (batch, step))
         result = self._guard(lambda: update_step(p, batch, step, self.algo, self.plan))
-        metrics.update(result.metrics)
-        return UpdateResult(metrics, entropy if entropy is not None else result.entropy)
+        return learned(batch, entropy, metrics, result, self.plan)
 
     def publish(self, version: int) -> None:
         """The policy's weights to every target; later rollouts carry ``version``."""
@@ -169,8 +168,18 @@ def learn_step(parts: LearnerParts, scored: ScoredGroups, step: int, algo: A.Alg
     """Prepare the whole batch and update, on this rank (a sharded learner's every rank runs this)."""
     batch, entropy, metrics = prepare(scored, parts.model, parts.ref_model, algo, plan, parts.teacher, parts.hooks)
     result = update_step(parts, batch, step, algo, plan)
+    return learned(batch, entropy, metrics, result, plan)
+
+
+def learned(batch: TrainBatch, entropy: torch.Tensor | None, metrics: dict, result: UpdateResult, plan: LearnerPlan
+            ) -> UpdateResult:
+    """The batch's result as the trainer takes it: preparation's and the update's metrics, the entropy whichever
+    measured it, and what the learner made of each row (:class:`LearnerTrace`: pi_old's log-probs from the recompute
+    pass or the training forward; none when pi_old is the sampler's). Every tensor on the CPU."""
     metrics.update(result.metrics)
-    return UpdateResult(metrics, entropy if entropy is not None else result.entropy)
+    logp = batch.logp_old if plan.logp_old == "recompute" else result.logp
+    trace = LearnerTrace(batch.advantages.cpu(), batch.loss_mask.cpu(), None if logp is None else logp.cpu())
+    return UpdateResult(metrics, entropy if entropy is not None else result.entropy, trace=trace)
 
 
 def load_step(parts: LearnerParts, path: Path) -> dict:

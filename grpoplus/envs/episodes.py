@@ -105,7 +105,7 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     t2 = time.perf_counter()
     run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
     env_s += time.perf_counter() - t2
-    trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e)) for e in episodes]
+    trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e), e.reason) for e in episodes]
     rollouts = to_rollouts(trajectories, [i // params.n for i in range(len(episodes))],
                            list(prompt_index) if prompt_index is not None else list(range(len(rows))),
                            engine.pad_id, policy_version=min(versions, default=getattr(engine, "version", 0)))

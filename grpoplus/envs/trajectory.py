@@ -39,6 +39,7 @@ class Trajectory:
     turns: list[Turn]
     finished: bool
     text: str = ""  # the transcript the reward functions read
+    reason: str | None = None  # why it ended (grpoplus.envs.episodes.REASONS)
 
     def response(self) -> tuple[list[int], list[int], list[float]]:
         """(ids, 1 where the policy sampled the id else 0, sampler log-prob or 0) of every turn in order."""
@@ -87,4 +88,5 @@ def to_rollouts(trajectories: list[Trajectory], group_ids: list[int], prompt_ind
                     torch.tensor([t.finished for t in trajectories]), torch.tensor(group_ids, dtype=torch.long),
                     [t.text for t in trajectories], list(prompt_index), policy_version=policy_version,
                     model_mask=model_mask, turn_rewards=[[t.reward for t in tr.turns if t.sampled] for tr in trajectories],
-                    turn_ends=[tr.turn_ends() for tr in trajectories])
+                    turn_ends=[tr.turn_ends() for tr in trajectories],
+                    end_reasons=None if any(t.reason is None for t in trajectories) else [t.reason for t in trajectories])

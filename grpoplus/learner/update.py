@@ -102,7 +102,7 @@ class Forward:
 def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: LearnerPlan, *,
                    entropy_coef: float | None = None, generator: torch.Generator | None = None,
                    hooks: UpdateHooks = ONE_PROCESS, teacher: torch.nn.Module | None = None
-                   ) -> tuple[dict[str, float], bool, torch.Tensor | None]:
+                   ) -> tuple[dict[str, float], bool, "ForwardRows | None"]:
     """Accumulate the mini-batch's gradient over micro-batches and step.
 
     ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
@@ -112,7 +112,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     holds the whole mini-batch and its global mask and norm, takes its share of whole micro-batches, and
     the gradients are summed over the ranks before clipping: the step one process would make.
     ``teacher``: the teacher model of ``algo.distill_loss`` (its divergence is a term of the loss).
-    Returns (metrics, stepped, entropy [N, T] when pi_old comes from this forward, else None)."""
+    Returns (metrics, stepped, the forward's entropy and log-probs when pi_old comes from this forward, else None)."""
     ctx = StepContext(model, algo, plan, hooks, entropy_coef,
                       None if plan.routing_spec is None else RoutingTally(plan.routing_spec), teacher)
     if ctx.fused != (batch.logp_old is None):
@@ -147,7 +147,9 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     out.update(padding_metrics(batch.prompt_mask, batch.response_mask, planned, packed))
     out.update(tally.metrics() if tally is not None else {})
     out["optim/grad_norm"] = grad_norm
-    return out, stepped, _entropy(parts, batch.response_mask) if ctx.measures_entropy else None
+    if not ctx.measures_entropy:
+        return out, stepped, None
+    return out, stepped, ForwardRows(_rows(parts, 4, batch.response_mask), _rows(parts, 5, batch.response_mask))
 
 
 def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) -> list[bool]:
@@ -165,7 +167,8 @@ def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) ->
 
 def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
     """Forward and backward of one micro-batch: the loss is the sum of its terms (:func:`loss_terms`). Returns
-    (metrics, weight, its part of the loss, idx, entropy [n, T] when pi_old comes from this forward, else None)."""
+    (metrics, weight, its part of the loss, idx, and when pi_old comes from this forward its entropy [n, T] and
+    log-probs [n, T], else None and None)."""
     out = _forward(ctx, mb)
     loss, metrics = None, {}
     for term in loss_terms(ctx.algo, ctx.plan):
@@ -177,7 +180,9 @@ def _micro_step(ctx: StepContext, mb: MicroBatch) -> tuple:
     (loss * mb.scale if mb.scale != 1.0 else loss).backward()
     losses = {key: metrics.pop(key, 0.0) for key in LOSS_KEYS}
     weight = max(metrics.get("loss/active_tokens", 0.0), 1e-9)
-    return metrics, weight, losses, mb.idx, out.entropy.detach() if ctx.measures_entropy else None
+    if not ctx.measures_entropy:
+        return metrics, weight, losses, mb.idx, None, None
+    return metrics, weight, losses, mb.idx, out.entropy.detach(), out.logp.detach()
 
 
 def policy_term(ctx: StepContext, mb: MicroBatch, out: Forward) -> tuple[torch.Tensor, dict]:
@@ -216,12 +221,20 @@ def loss_terms(algo: AlgoConfig, plan: LearnerPlan | None = None) -> tuple:
     return (policy_term,) if algo.distill_loss == "off" else (policy_term, distill_term)
 
 
-def _entropy(parts: list, response_mask: torch.Tensor) -> torch.Tensor:
-    """[N, T] entropy of the mini-batch, put together from its micro-batches' rows."""
-    entropy = torch.zeros(response_mask.shape, device=response_mask.device)
-    for *_, idx, part in parts:
-        entropy[idx.to(entropy.device)] = part.to(entropy.device, entropy.dtype)
-    return entropy
+@dataclass
+class ForwardRows:
+    """What the training forwards of a mini-batch measured when they are pi_old's: per row and token."""
+
+    entropy: torch.Tensor  # [N, T]
+    logp: torch.Tensor  # [N, T] pi_old log-probs of the sampled tokens
+
+
+def _rows(parts: list, column: int, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] of the mini-batch, put together from column ``column`` ([n, T]) of its micro-batches' results."""
+    whole = torch.zeros(response_mask.shape, device=response_mask.device)
+    for part in parts:
+        whole[part[3].to(whole.device)] = part[column].to(whole.device, whole.dtype)
+    return whole
 
 
 def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
@@ -295,10 +308,10 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
         return UpdateResult({"optim/skipped_updates": float(algo.updates_per_batch), "optim/empty_batch": 1.0,
                              "optim/lr": optimizer.param_groups[0]["lr"]}, None)
     model.train()
-    parts, skipped, entropy, k = [], 0, None, first_step
+    parts, skipped, measured, k = [], 0, None, first_step
     for _ in range(algo.num_iterations):
         for rows in minibatch_rows(batch.group_ids, algo.num_minibatches):
-            metrics, stepped, entropy = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
+            metrics, stepped, measured = optimizer_step(model, optimizer, batch.rows(rows), algo, plan,
                                                        entropy_coef=control.applied_coef,
                                                        generator=clip_cov_generator(plan.seed, k), hooks=hooks,
                                                        teacher=teacher)
@@ -318,4 +331,6 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
         out["learner/compiled_graphs"] = float(compiled_graphs())
     if algo.entropy_bonus:
         out.update(control.metrics())
-    return UpdateResult(out, None if entropy is None else entropy.cpu())
+    if measured is None:
+        return UpdateResult(out, None)
+    return UpdateResult(out, measured.entropy.cpu(), logp=measured.logp.cpu())

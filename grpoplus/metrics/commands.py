@@ -1,9 +1,9 @@
-"""The ``report``, ``compare`` and ``doctor`` sub-commands of the ``grpoplus`` CLI.
+"""The ``report``, ``compare``, ``doctor`` and ``traces`` sub-commands of the ``grpoplus`` CLI.
 
 ``register_commands(subparsers)`` adds them to an argparse sub-parser set; each parser's
 ``func(args) -> int`` returns the exit code: 0 success (doctor: healthy or warnings only),
 1 doctor found something severe, 2 bad input (missing run directory or metrics file, bad
-threshold).
+threshold, a run without traces or without the step asked for).
 """
 
 from __future__ import annotations
@@ -176,8 +176,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_SEVERE if severe else EXIT_OK
 
 
+def cmd_traces(args: argparse.Namespace) -> int:
+    from .tracepage import write_trace_page
+
+    try:
+        path = write_trace_page(args.run, args.step, args.out, decode=not args.ids)
+    except FileNotFoundError as err:
+        return _fail(str(err))
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
 def register_commands(subparsers: Any) -> None:
-    """Add ``report``, ``compare`` and ``doctor`` to an argparse sub-parsers object."""
+    """Add ``report``, ``compare``, ``doctor`` and ``traces`` to an argparse sub-parsers object."""
     smooth_help = (
         "EMA weight of the smoothed line, 0 (raw) to <1 (smoother); "
         "default: an effective window of 1/20 of the run"
@@ -205,3 +216,10 @@ def register_commands(subparsers: Any) -> None:
     )
     doctor.add_argument("--json", action="store_true", help="print findings as JSON")
     doctor.set_defaults(func=cmd_doctor)
+
+    traces = subparsers.add_parser("traces", help="write one step's rollout trace as a self-contained HTML page")
+    traces.add_argument("run", help="run directory (holding traces/)")
+    traces.add_argument("--step", type=int, default=None, help="the step to show (default: the newest traced one)")
+    traces.add_argument("--out", default=None, help="the page to write (default RUN/traces/step-N.html)")
+    traces.add_argument("--ids", action="store_true", help="show token ids, without loading the run's tokenizer")
+    traces.set_defaults(func=cmd_traces)

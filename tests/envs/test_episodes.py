@@ -149,6 +149,8 @@ def test_a_failing_environment_ends_its_trajectory_counted_never_the_run(engine,
     assert m[f"env/ended/{reason}"] == 0.5 and r.response_ids.shape[0] == 4
     assert m["env/ended/done"] + m["env/ended/length"] == 0.5  # the healthy ones played on
     assert m["env/timeouts"] == (2.0 if reason == "timeout" else 0.0)
+    assert r.end_reasons[0::2] == [reason, reason]  # the rollouts say why each trajectory ended (the run's traces)
+    assert set(r.end_reasons[1::2]) <= {"done", "length"}
 
 
 def test_the_factory_failing_is_counted_too(engine, tok):
