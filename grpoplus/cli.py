@@ -129,7 +129,7 @@ def _add_sft(sub) -> None:
     p.add_argument("--help-config", action="store_true", help="list every config key with its value and exit")
     p.add_argument("--dry-run", dest="dry_run", action="store_true",
                    help="check the config and print the plan, loading no model and starting nothing")
-    p.set_defaults(func=_sft, preset=None)
+    p.set_defaults(func=_sft, preset=None, check=False)
 
 
 def _sft(args) -> int:
