@@ -388,7 +388,8 @@ class HealthConfig:
     preflight alone); 0 = no preflight."""
     sync_gap_max: float | None = None
     """Largest mismatch/k3 of the tokens just sampled with the current weights before the sync_gap warning: None =
-    the precision's bound (1e-6 for fp32, 0.05 for bf16 or TF32; unchecked for an int8 or fp8 sampler)."""
+    the precision's bound (1e-8 for fp32 with the hf engine, 0.05 for bf16, TF32 or another engine; unchecked for an
+    int8 or fp8 sampler)."""
 
 
 SECTIONS: dict[str, type] = {

@@ -25,7 +25,7 @@ def test_a_healthy_step_fires_nothing_and_learns():
     ({"length__truncated_frac": 1.0}, "all_truncated", True),
     ({"groups__zero_std_frac": 1.0}, "no_spread", False),
     ({"optim__skipped_updates": 2.0}, "nonfinite", False),
-    ({"mismatch__k3": 3e-6}, "sync_gap", True),
+    ({"mismatch__k3": 3e-8}, "sync_gap", True),
 ])
 def test_each_signal_fires_on_its_own_cause_and_says_what_to_change(changes, code, teaches):
     info = {"updates_per_batch": 2, "precision": "fp32"}
@@ -39,7 +39,7 @@ def test_each_signal_fires_on_its_own_cause_and_says_what_to_change(changes, cod
 def test_signals_stay_silent_just_below_their_cause():
     info = {"updates_per_batch": 2, "precision": "fp32"}
     record = _step(1, length__truncated_frac=0.99, groups__zero_std_frac=0.99, optim__skipped_updates=1.0,
-                   mismatch__k3=9e-7)  # one of two updates skipped still updates once
+                   mismatch__k3=9e-9)  # one of two updates skipped still updates once
     assert fired(record, info) == []
     assert fired(_step(1, optim__skipped_updates=2.0, optim__empty_batch=1.0), info) == []  # counted apart
     assert fired({"step": 1, "mismatch/k3": math.nan}, info) == []
@@ -47,7 +47,7 @@ def test_signals_stay_silent_just_below_their_cause():
 
 def test_the_sync_gap_bound_follows_the_precision_and_engine_and_is_silent_on_a_stale_batch_by_design():
     fp32 = {"precision": "fp32"}
-    assert sync_gap_bound(fp32) == sync_gap_bound({**fp32, "quantization": "none", "engine": "hf"}) == 1e-6
+    assert sync_gap_bound(fp32) == sync_gap_bound({**fp32, "quantization": "none", "engine": "hf"}) == 1e-8
     assert sync_gap_bound({"precision": "bf16_mixed"}) == sync_gap_bound({**fp32, "quantization": "bf16_rounded"}) \
         == sync_gap_bound({**fp32, "tf32": True}) == sync_gap_bound({**fp32, "engine": "vllm"}) == 0.05
     assert sync_gap_bound({**fp32, "quantization": "int8"}) is None and sync_gap_bound({}) is None  # unknown
