@@ -55,3 +55,26 @@ def test_a_bad_health_key_is_one_line(nano_dir, tmp_path, capsys, value):
     code = main(["train", "--model", nano_dir, "--out", str(tmp_path / "run"), f"health.stop_after={value}", *SMALL])
     err = capsys.readouterr().err
     assert code == 2 and "stop_after" in err and "Traceback" not in err
+
+
+def test_non_finite_updates_are_named_each_step_stop_the_run_and_never_reach_the_checkpoint(nano_dir, tmp_path,
+                                                                                             monkeypatch, capsys):
+    """Every gradient non-finite (injected: the gradient norm is NaN), so every update is skipped: named the step it
+    happens, the run stops after health.stop_after such steps, and its checkpoint holds the finite start weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: torch.tensor(float("nan")))
+    (tmp_path / "spread.py").write_text("def spread(prompts, completions, **fields):\n"
+                                        "    return [len(set(c)) / 10 for c in completions]\n")
+    out = tmp_path / "run"
+    code = main(["train", "--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=5",
+                 "health.stop_after=2", f"rewards=[{tmp_path / 'spread.py'}:spread]", *SMALL])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "health: step 1: nonfinite: every update was skipped: non-finite loss or gradient" in err
+    assert "no learning signal for 2 consecutive steps (1-2: nonfinite on 2)" in err
+    saved = load_file(latest_checkpoint(out) / "model.safetensors")
+    start = load_file(f"{nano_dir}/model.safetensors")
+    assert all(torch.isfinite(t).all() for t in saved.values())
+    assert set(saved) == set(start) and all(torch.equal(saved[k], start[k]) for k in start)  # no update landed
