@@ -42,8 +42,8 @@ def test_chat_rows_given_as_data_are_named_demonstrations(tmp_path, capsys):
     path = tmp_path / "demos.jsonl"
     chat = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
     path.write_text(json.dumps(chat) + "\n" + json.dumps(chat) + "\n")
-    for command in ("sft", "train"):
-        assert main([command, "--data", str(path), "--out", str(tmp_path / command)]) == 2
+    for command, policy in (("sft", "skip"), ("train", "skip"), ("train", "error")):
+        assert main([command, "--data", str(path), "--out", str(tmp_path / command), f"on_bad_row={policy}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "they are demonstrations" in err[0] and "grpoplus sft --demos FILE" in err[0]
         assert "appear in no row" not in err[0]
