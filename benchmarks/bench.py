@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py default [--steps 12]   # the default run: s/step by stage, tok/s, peak memory
     python benchmarks/bench.py vs-trl  [--steps 20]   # side by side with TRL's GRPOTrainer, same model/task
+    python benchmarks/bench.py health-overhead [--steps 12] [--rounds 3]   # the preflight, guard and traces' cost
 
 ``default`` runs the default training (the main job) (preset dapo, task arithmetic, built-in model) for a
 few steps and prints the median seconds per step split into rollout / reward / learner, rollout and
@@ -10,6 +11,11 @@ learner tokens per second, and the process's peak resident memory.
 ``vs-trl`` runs TRL's GRPOTrainer (``benchmarks/trl_peer.py``) and grpoplus on the same ~2.4M-parameter
 Llama, the same arithmetic prompts, 32 completions of 8 tokens per optimizer step, one thread each,
 in alternating subprocesses, and prints both medians and the throughput ratio.
+
+``health-overhead`` runs ``default`` in alternating subprocesses with the run's safety nets as they are by default
+(the preflight before step 1, the health guard each step, a rollout trace of every step) and with all three off
+(``health.preflight_prompts=0 health.warn=false run.traces=false``), and prints each call's wall time of the whole
+``train`` call per step and its median step time, and the median ratio of the pairs (on / off).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,12 +46,33 @@ def run_default(steps: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config("dapo", overrides=[f"out={out}", f"max_steps={steps}", "eval_every=0", "save_every=0",
                                               "progress=false", "loggers=[]", "doctor_every=0", *extra])
-        records = [r for r in train(cfg) if r["step"] > 1 and r["step"] < steps]  # skip warm-up and final eval
+        t0 = time.perf_counter()
+        records = train(cfg)
+        wall = time.perf_counter() - t0
+        records = [r for r in records if r["step"] > 1 and r["step"] < steps]  # skip warm-up and final eval
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     keys = ["time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s",
             "throughput/rollout_tok_s", "throughput/learner_tok_s", "sampling/rounds", "length/mean"]
     return {"bench": "default", "steps_measured": len(records), **{k: _median(records, k) for k in keys},
-            "peak_rss_mb": round(peak_mb, 1)}
+            "train_wall_s": round(wall, 2), "peak_rss_mb": round(peak_mb, 1)}
+
+
+HEALTH_OFF = ["health.preflight_prompts=0", "health.warn=false", "run.traces=false"]
+
+
+def run_health_overhead(steps: int, rounds: int, extra: list[str]) -> dict:
+    """The default run with its preflight, guard and traces (on) and without (off), alternated."""
+    calls = {"on": [], "off": []}
+    for _ in range(rounds):
+        for arm, overrides in (("on", extra), ("off", [*extra, *HEALTH_OFF])):
+            out = subprocess.run([sys.executable, __file__, "default", f"--steps={steps}", *overrides],
+                                 capture_output=True, text=True, check=True).stdout
+            calls[arm].append(json.loads(out.strip().splitlines()[-1]))
+    wall = {arm: [c["train_wall_s"] / steps for c in runs] for arm, runs in calls.items()}
+    return {"bench": "health-overhead", "steps": steps, "rounds": rounds,
+            "wall_s_per_step": wall, "step_s_median": {arm: [c["time/step_s"] for c in runs] for arm, runs in
+                                                       calls.items()},
+            "ratio_on_over_off": round(statistics.median(a / b for a, b in zip(wall["on"], wall["off"])), 4)}
 
 
 def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
@@ -91,15 +119,17 @@ def run_vs_trl(steps: int, warmup: int, rounds: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["default", "vs-trl", "_grpoplus_peer"])
+    parser.add_argument("which", choices=["default", "vs-trl", "health-overhead", "_grpoplus_peer"])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="vs-trl: alternating runs of each side")
+    parser.add_argument("--rounds", type=int, default=2, help="vs-trl, health-overhead: alternating runs of each side")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="default: extra key=value config overrides")
     args = parser.parse_args()
     if args.which == "default":
         result = run_default(args.steps or 12, args.overrides)
+    elif args.which == "health-overhead":
+        result = run_health_overhead(args.steps or 12, args.rounds, args.overrides)
     elif args.which == "vs-trl":
         result = run_vs_trl(args.steps or 20, args.warmup, args.rounds, args.threads)
     else:

@@ -23,11 +23,11 @@ from typing import Any, Callable, Mapping
 Record = Mapping[str, Any]
 
 SYNC_GAP_BOUNDS = {"fp32": 1e-8, "low": 0.05}
-"""Largest ``mismatch/k3`` (KL(sampler || learner) per token, ALGORITHMS.md section 5) of a healthy weight sync. fp32:
-the sampler is the learner's function to summation order (measured 3e-14 to 5e-11, docs/results/engines.md and
-tests/failures/test_sync.py; one tensor of the nano model one update behind measured 7e-7). low: bf16 weights or products on either side, or TF32 (measured
-7e-5 to 1e-2). An int8 or fp8 sampler is a different function (k3 0.56 on SmolLM2): no bound unless
-``health.sync_gap_max`` sets one."""
+"""Largest ``mismatch/k3`` (KL(sampler || learner) per token, ALGORITHMS.md section 5) of a healthy weight sync.
+fp32: the sampler is the learner's function to summation order (measured 3e-14 to 5e-11, docs/results/engines.md
+and tests/failures/test_sync.py; one tensor of the nano model one update behind measured 7e-7). low: bf16 weights or
+products on either side, TF32, or another engine (measured 7e-5 to 1e-2). An int8 or fp8 sampler is a different
+function (k3 0.56 on SmolLM2): no bound unless ``health.sync_gap_max`` sets one."""
 
 
 def sync_gap_bound(info: Mapping[str, Any]) -> float | None:

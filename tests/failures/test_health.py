@@ -15,8 +15,8 @@ CONSTANT = "def constant(prompts, completions, **fields):\n    return [0.0] * le
 def test_a_reward_that_never_varies_stops_the_run_with_its_checkpoint_and_exit_status_3(nano_dir, tmp_path, capsys):
     (tmp_path / "const.py").write_text(CONSTANT)
     out = tmp_path / "run"
-    code = main(["train", "--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=6", "save_every=0", "health.stop_after=2",
-                 f"rewards=[{tmp_path / 'const.py'}:constant]", *SMALL])
+    code = main(["train", "--preset", "grpo", "--model", nano_dir, "--out", str(out), "max_steps=6", "save_every=0",
+                 "health.stop_after=2", f"rewards=[{tmp_path / 'const.py'}:constant]", *SMALL])
     err = capsys.readouterr().err
     assert code == 3
     assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
