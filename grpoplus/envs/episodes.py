@@ -80,13 +80,17 @@ class Episode:
 
 def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict], params: SamplingParams,
                  limits: EpisodeLimits, generator: torch.Generator | None = None,
-                 prompt_index: list[int] | None = None, chat: bool = True) -> tuple[Rollouts, dict[str, float]]:
+                 prompt_index: list[int] | None = None, chat: bool = True,
+                 warned: set[str] | None = None) -> tuple[Rollouts, dict[str, float]]:
     """``params.n`` trajectories per row (groups contiguous), each with its own environment; returns the rollouts
     (``model_mask`` 0 on observations, per-turn rewards and turn ends) and the ``env/*`` metrics. ``chat``: a row
-    prompt goes through the tokenizer's chat template (when a reset answers none of its own)."""
+    prompt goes through the tokenizer's chat template (when a reset answers none of its own). ``warned``: the kinds of
+    environment failure already said on stderr (a run's own set, so each run says its first failure of a kind once)."""
+    warned = set() if warned is None else warned
     t0 = time.perf_counter()
     expanded = [row for row in rows for _ in range(params.n)]
-    episodes = _start(tokenizer, factory, expanded, limits, chat)
+    episodes = _start(tokenizer, factory, expanded, limits, chat, warned)
+    _check_room(episodes, limits)
     env_s = time.perf_counter() - t0
     turn = replace(params, n=1)
     versions = []  # the policy version of every turn's sampler: the trajectories carry the oldest
@@ -100,7 +104,7 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
             break
         t1 = time.perf_counter()
         for i, outcome in steps.wait(limits.patience_s).items():
-            _answer(tokenizer, episodes[i], outcome, limits)
+            _answer(tokenizer, episodes[i], outcome, limits, warned)
         env_s += time.perf_counter() - t1
     t2 = time.perf_counter()
     run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
@@ -114,7 +118,21 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     return rollouts, metrics
 
 
-def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bool) -> list[Episode]:
+def _check_room(episodes: list[Episode], limits: EpisodeLimits) -> None:
+    """Refuse, in one line, trajectories whose first prompt (the row's, rendered with the tools' descriptions) leaves
+    the model's context no room for a token: nothing could be sampled, and a run would take it for cut answers."""
+    full = [e for e in episodes if e.reason is None and len(e.prompt) >= limits.max_context]
+    if not full:
+        return
+    run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
+    tools = " with the tools' descriptions" if any(e.tools for e in full) else ""
+    raise ValueError(f"{len(full)} of {len(episodes)} trajectories open with a prompt of up to "
+                     f"{max(len(e.prompt) for e in full)} tokens (the row's prompt{tools}), and the model's context "
+                     f"holds {limits.max_context}: nothing can be sampled; shorten the prompts or the tools' "
+                     "descriptions (data.tools), or use a model with a longer context")
+
+
+def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bool, warned: set[str]) -> list[Episode]:
     """Make and reset one environment per trajectory, concurrently (a factory may be slow too); the first
     observation, when there is one, is the prompt, else the row's prompt (as a user message for a chat model)."""
     envs: list[Any] = [None] * len(rows)
@@ -133,7 +151,7 @@ def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bo
         prompt = first_prompt_ids(tokenizer, opening, tools) if opening else tokenizer(row["prompt"])["input_ids"]
         episode = Episode(env, prompt, opening=opening or None, tools=tools)
         if not r.ok:
-            episode.reason = _failure(r, "reset")
+            episode.reason = _failure(r, "reset", warned)
         episodes.append(episode)
     return episodes
 
@@ -208,11 +226,11 @@ def _start_steps(steps: InFlight, tokenizer, started: list[tuple[int, Episode]],
         steps.start(i, lambda e=e, a=action: as_step(awaited(e.env.step(a))), limits.timeout_s)
 
 
-def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits) -> None:
+def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits, warned: set[str]) -> None:
     """What an environment answered to the trajectory's last turn: the turn's reward, then the end of the episode
     or the observation appended (if there is room for it and a next turn)."""
     if not outcome.ok:
-        e.reason = _failure(outcome, "step")
+        e.reason = _failure(outcome, "step", warned)
         return
     result = outcome.value
     e.turns[-1].reward = None if result.reward is None else float(result.reward)
@@ -224,7 +242,7 @@ def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits) -> N
     try:
         obs = observation_ids(tokenizer, result.observation)
     except ValueError as err:
-        e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step")
+        e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step", warned)
         return
     room = limits.max_context - len(e.context())
     if limits.max_tokens:
@@ -236,16 +254,14 @@ def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits) -> N
         e.said.append(result.observation)
 
 
-_WARNED: set[str] = set()
-
-
-def _failure(outcome: Outcome, call: str) -> str:
-    """The ending a failed call gives its trajectory; the first failure of each kind is said once on stderr."""
+def _failure(outcome: Outcome, call: str, warned: set[str]) -> str:
+    """The ending a failed call gives its trajectory; the first failure of each kind (not yet in ``warned``) is said
+    once on stderr."""
     reason = "timeout" if outcome.timed_out else "malformed" if isinstance(outcome.error, MalformedStep) else "error"
     what = "did not answer in time" if outcome.timed_out else f"{type(outcome.error).__name__}: {outcome.error}"
     key = f"{call}:{reason}:{type(outcome.error).__name__}"
-    if key not in _WARNED:
-        _WARNED.add(key)
+    if key not in warned:
+        warned.add(key)
         print(f"grpoplus: warning: an environment's {call} {what} (its trajectory ends, counted in env/ended/{reason};"
               " said once)", file=sys.stderr)
     return reason

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -24,8 +24,9 @@ class EpisodePlan:
     limits: EpisodeLimits
     tokenizer: Any
     chat: bool = True  # a row's prompt goes through the chat template when the tokenizer has one
+    warned: set = field(default_factory=set, compare=False, repr=False)  # environment failures said on stderr
 
     def run(self, engine, examples: list, params: SamplingParams, prompt_index: list[int],
             generator: torch.Generator | None) -> tuple[Rollouts, dict[str, float]]:
         return run_episodes(engine, self.tokenizer, self.factory, [row_of(ex) for ex in examples], params,
-                            self.limits, generator, prompt_index, chat=self.chat)
+                            self.limits, generator, prompt_index, chat=self.chat, warned=self.warned)
