@@ -381,7 +381,8 @@ class HealthConfig:
     naming the cause and the key to change."""
     stop_after: int = 20
     """Stop the run (exit status 3, its checkpoint written) after this many consecutive steps with no learning
-    signal (every group of zero spread, or every update non-finite); 0 = never stop."""
+    signal (every group of zero spread, every update non-finite, or every trajectory ended by a failing environment);
+    0 = never stop."""
     preflight_prompts: int = 2
     """Before step 1 the rewards score a group of completions of each of this many first training prompts: a reward
     that fails, or scores every completion alike, is named before training starts (grpoplus train --check runs this

@@ -6,6 +6,8 @@ codes, over a finished run).
 - ``all_truncated``: every completion was cut at ``rollout.max_new_tokens``;
 - ``no_spread``: every group's rewards were equal, so every advantage is zero (ALGORITHMS.md section 1);
 - ``nonfinite``: every optimizer step of the batch was skipped for a non-finite loss or gradient;
+- ``env_failed``: every trajectory of a multi-turn step ended by a failing environment (it raised, hung or answered
+  a malformed value), so no trajectory was judged by its environment;
 - ``sync_gap``: the engine's log-probs of the tokens it just sampled are further from the learner's than the
   precision allows, on a step whose rollouts were drawn with the current weights: a weight sync that left
   weights stale, or an engine that computes another function.
@@ -83,6 +85,15 @@ def _nonfinite(record: Record, info: Mapping) -> bool:
     return skipped >= info.get("updates_per_batch", 1)
 
 
+ENV_FAILURES = ("env/ended/error", "env/ended/timeout", "env/ended/malformed")
+"""The shares of trajectories a failing environment ended (the doctor's env_failures check reads the same keys)."""
+
+
+def _env_failed(record: Record, info: Mapping) -> bool:
+    shares = [_value(record, key) for key in ENV_FAILURES]
+    return any(v is not None for v in shares) and sum(v or 0.0 for v in shares) >= 1.0 - 1e-9
+
+
 def _sync_gap(record: Record, info: Mapping) -> bool:
     bound, k3 = sync_gap_bound(info), _value(record, "mismatch/k3")
     if bound is None or k3 is None or (_value(record, "async/staleness_max") or 0) > 0:
@@ -105,6 +116,10 @@ SIGNALS: tuple[Signal, ...] = (
                         f"{i.get('updates_per_batch', 1)}",
            "lower algo.lr, keep gradient clipping on, use learner.precision=fp32, and check the rewards for NaN or "
            "huge values", no_learning=True),
+    Signal("env_failed", "every trajectory was ended by a failing environment", _env_failed,
+           lambda r, i: ", ".join(f"{k} = {float(r[k]):.2f}" for k in ENV_FAILURES if r.get(k)),
+           "read the environment's first failure on stderr ('an environment's step ...'); a timeout: raise "
+           "rollout.env_timeout_s; malformed: step must return (observation, reward, done, info)", no_learning=True),
     Signal("sync_gap", "the engine's log-probs differ from the learner's right after the weight sync",
            _sync_gap, lambda r, i: f"mismatch/k3 = {float(r['mismatch/k3']):.3g} > {sync_gap_bound(i):.3g} for "
                                    f"{i.get('precision', 'fp32')} with sampler weights {i.get('quantization', 'none')}",

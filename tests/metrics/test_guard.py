@@ -26,6 +26,7 @@ def test_a_healthy_step_fires_nothing_and_learns():
     ({"groups__zero_std_frac": 1.0}, "no_spread", False),
     ({"optim__skipped_updates": 2.0}, "nonfinite", False),
     ({"mismatch__k3": 3e-8}, "sync_gap", True),
+    ({"env__ended__error": 0.75, "env__ended__timeout": 0.25}, "env_failed", False),
 ])
 def test_each_signal_fires_on_its_own_cause_and_says_what_to_change(changes, code, teaches):
     info = {"updates_per_batch": 2, "precision": "fp32"}
@@ -43,6 +44,7 @@ def test_signals_stay_silent_just_below_their_cause():
     assert fired(record, info) == []
     assert fired(_step(1, optim__skipped_updates=2.0, optim__empty_batch=1.0), info) == []  # counted apart
     assert fired({"step": 1, "mismatch/k3": math.nan}, info) == []
+    assert fired(_step(1, env__ended__error=0.5, env__ended__done=0.5), info) == []
 
 
 def test_the_sync_gap_bound_follows_the_precision_and_engine_and_is_silent_on_a_stale_batch_by_design():

@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..series import Series, Trace
+from ..signals import ENV_FAILURES as FAILURES
 from .base import CHECKS, DoctorThresholds, Finding
-
-FAILURES = ("env/ended/error", "env/ended/timeout", "env/ended/malformed")
 
 
 def _recent(trace: Trace, key: str, th: DoctorThresholds) -> Series | None:
