@@ -65,7 +65,7 @@ def run_health_overhead(steps: int, rounds: int, extra: list[str]) -> dict:
     calls = {"on": [], "off": []}
     for _ in range(rounds):
         for arm, overrides in (("on", extra), ("off", [*extra, *HEALTH_OFF])):
-            out = subprocess.run([sys.executable, __file__, "default", f"--steps={steps}", *overrides],
+            out = subprocess.run([sys.executable, __file__, "default", *overrides, f"--steps={steps}"],
                                  capture_output=True, text=True, check=True).stdout
             calls[arm].append(json.loads(out.strip().splitlines()[-1]))
     wall = {arm: [c["train_wall_s"] / steps for c in runs] for arm, runs in calls.items()}
