@@ -189,7 +189,8 @@ def load_records(
             data.records.append({**_record(row, prompt_field, answer_field, answer_format, data.function_calls),
                                  "line": line_no})
         except _BadRow as bad:
-            if on_bad_row == "error" and isinstance(row, dict) and "messages" in row and prompt_field not in row:
+            if (on_bad_row == "error" and not data.function_calls and isinstance(row, dict) and "messages" in row
+                    and prompt_field not in row):
                 raise ValueError(_missing_fields(path, [prompt_field], set(row), prompt_field)) from None
             if on_bad_row == "error":
                 raise ValueError(f"{path}: line {line_no}: {bad}") from None
