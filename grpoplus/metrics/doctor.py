@@ -69,6 +69,8 @@ def batch_info_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
                              if k in rollout}
     info.update({k: algo[k] for k in ("loss", "adv_estimator", "routing_replay") if k in algo})
     info.update({k: learner[k] for k in ("precision", "tf32") if k in learner})
+    if learner.get("teacher"):
+        info["teacher"] = True  # on-policy distillation: zero reward spread still leaves the teacher's advantage
     if health.get("sync_gap_max") is not None:
         info["sync_gap_max"] = health["sync_gap_max"]
     if "group_size" in rollout and "prompts_per_step" in rollout:

@@ -74,6 +74,8 @@ def _all_truncated(record: Record, info: Mapping) -> bool:
 
 
 def _no_spread(record: Record, info: Mapping) -> bool:
+    if info.get("teacher"):  # on-policy distillation: the teacher's token advantage is a signal of its own
+        return False
     frac = _value(record, "groups/zero_std_frac")
     return frac is not None and frac >= 1.0
 

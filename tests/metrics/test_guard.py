@@ -45,6 +45,7 @@ def test_signals_stay_silent_just_below_their_cause():
     assert fired(_step(1, optim__skipped_updates=2.0, optim__empty_batch=1.0), info) == []  # counted apart
     assert fired({"step": 1, "mismatch/k3": math.nan}, info) == []
     assert fired(_step(1, env__ended__error=0.5, env__ended__done=0.5), info) == []
+    assert fired(_step(1, groups__zero_std_frac=1.0), {**info, "teacher": True}) == []  # the teacher's advantage
 
 
 def test_the_sync_gap_bound_follows_the_precision_and_engine_and_is_silent_on_a_stale_batch_by_design():
