@@ -109,7 +109,7 @@ class NaNEngine(HFEngine):
         return r
 
 
-@pytest.mark.parametrize("engine, message", [(ShortEngine, "returned 3 completions for 4 prompts x n=1 = 4"),
+@pytest.mark.parametrize("engine, message", [(ShortEngine, "returned 7 completions for 2 prompts x n=4 = 8"),  # preflight
                                              (NaNEngine, "1 non-finite log-probs")])
 def test_a_broken_engine_stops_the_run_with_one_line(sharp_nano_dir, tmp_path, capsys, engine, message):
     ENGINES.add("broken", engine, overwrite=True)
