@@ -88,21 +88,19 @@ def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None,
         raise ValueError(f"data.long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {policy!r}")
     if limit is None:
         return PromptFit(list(train), list(test))
-    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part]) for name, part in
-             (("training", train), ("held-out", test))}
-    long = [(n, name, i) for name, part in (("training", train), ("held-out", test))
-            for i, n in enumerate(sizes[name]) if n > limit.tokens]
+    parts = (("training", train), ("held-out", test))
+    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part]) for name, part in parts}
+    long = [(n, name, i) for name, _ in parts for i, n in enumerate(sizes[name]) if n > limit.tokens]
     if not long:
         return PromptFit(list(train), list(test))
     if policy == "refuse":
         raise ValueError(_refusal(long, limit, train, test, len(train) + len(test)))
     if policy == "drop":
-        kept = [[ex for ex, n in zip(part, sizes[name]) if n <= limit.tokens]
-                for name, part in (("training", train), ("held-out", test))]
+        kept = [[ex for ex, n in zip(part, sizes[name]) if n <= limit.tokens] for name, part in parts]
         _check_left(kept, train, test, limit)
         return PromptFit(kept[0], kept[1], dropped=len(long))
     cut = [[ex if n <= limit.tokens else cut_left(tokenizer, ex, limit.tokens) for ex, n in zip(part, sizes[name])]
-           for name, part in (("training", train), ("held-out", test))]
+           for name, part in parts]
     return PromptFit(cut[0], cut[1], truncated=len(long))
 
 

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from grpoplus.config import Config, env_of, response_budget
+from grpoplus.data.lengths import prompt_tokens
 from grpoplus.plan.data import build_data, fit_prompt_lengths
 
 PROMPT_SAMPLE = 256
@@ -70,7 +71,7 @@ def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str, str | No
     prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
     if not prompts:
         return None, None, "unknown (no training prompts)", None
-    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]  # special tokens added, as the engines encode
+    lengths = prompt_tokens(tokenizer, prompts)  # special tokens added, as the engines encode (the run's rule)
     turn = ", first turn" if env_of(cfg.data) is not None else ""
     return (statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}",
             prompt_fit(cfg, tokenizer, train, test))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .signals import fired, learns
+from .signals import fired
 
 
 class HealthStop(RuntimeError):
@@ -48,13 +48,13 @@ class HealthGuard:
 
     def _count(self, record: Mapping[str, Any]):
         signals = fired(record, self.info)
-        if learns(record, self.info):
+        barren = [s.code for s in signals if s.no_learning]  # the step taught nothing (signals.learns)
+        if not barren:
             self.barren, self.causes = [], {}
         else:
             self.barren.append(int(record["step"]))
-            for s in signals:
-                if s.no_learning:
-                    self.causes[s.code] = self.causes.get(s.code, 0) + 1
+            for code in barren:
+                self.causes[code] = self.causes.get(code, 0) + 1
         return signals
 
     def _reason(self) -> str:

@@ -15,13 +15,14 @@ def signal_finding(signal: Signal, trace: Trace, th: DoctorThresholds, info: Map
     """A finding where ``signal`` fired on any trained step: severe when it fired on each of the last
     ``structural_min_steps`` steps (or on every step of a shorter run)."""
     trained = [r for r in trace.records if r["step"] > 0]
-    steps = [int(r["step"]) for r in trained if signal.fires(r, info)]
-    if not steps:
+    fires = [signal.fires(r, info) for r in trained]
+    hits = [r for r, hit in zip(trained, fires) if hit]
+    if not hits:
         return None
-    last = trained[-th.structural_min_steps:]
-    severity: Severity = "severe" if all(signal.fires(r, info) for r in last) else "warning"
+    severity: Severity = "severe" if all(fires[-th.structural_min_steps:]) else "warning"
+    steps = [int(r["step"]) for r in hits]
     shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-    latest = next(r for r in reversed(trained) if signal.fires(r, info))
+    latest = hits[-1]
     return Finding(signal.code, severity, signal.title,
                    f"on {len(steps)} of {len(trained)} steps ({shown}); step {steps[-1]}: "
                    f"{signal.evidence(latest, info)}", signal.fix)
