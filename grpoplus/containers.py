@@ -56,6 +56,9 @@ class Rollouts:
     # multi-turn trajectories: why each ended (grpoplus.envs.episodes.REASONS: done, max_turns, length, context,
     # error, timeout, malformed); None: single turn (``finished`` says stop or length)
     end_reasons: list[str] | None = None
+    # multi-turn trajectories: per row, "tool" or "env" for each observation (each run of model_mask 0s) in order:
+    # a tool's result or the environment's own text (read by the traces); None: single turn
+    observation_sources: list[list[str]] | None = None
 
     @property
     def env_returns(self) -> torch.Tensor | None:  # [N] float32
@@ -93,7 +96,7 @@ class Rollouts:
             policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows],
             model_mask=None if self.model_mask is None else self.model_mask[rows],
             turn_rewards=_pick(self.turn_rewards, rows), turn_ends=_pick(self.turn_ends, rows),
-            end_reasons=_pick(self.end_reasons, rows))
+            end_reasons=_pick(self.end_reasons, rows), observation_sources=_pick(self.observation_sources, rows))
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
@@ -120,7 +123,7 @@ class Rollouts:
             model_mask=None if all(p.model_mask is None for p in parts) else
             torch.cat([_pad(p.sampled_mask, width_t, 0.0) for p in parts]),
             turn_rewards=_joined(parts, "turn_rewards"), turn_ends=_joined(parts, "turn_ends"),
-            end_reasons=_joined(parts, "end_reasons"),
+            end_reasons=_joined(parts, "end_reasons"), observation_sources=_joined(parts, "observation_sources"),
         )
 
 

@@ -1,7 +1,8 @@
 """Reward scoring: rollouts -> scored groups, through the reward pipeline.
 
-A response a reward failed on has no score (``ScoredGroups.scored``): it is left out of its group's statistics
-and of the loss. The pipeline's weighted total is the trained reward: shaping such as DAPO's soft overlong
+A response a reward failed on, or a trajectory its environment broke (raised, timed out or answered malformed:
+``signals.ENV_FAULTS``), has no score (``ScoredGroups.scored``): it is left out of its group's statistics and of
+the loss. The pipeline's weighted total is the trained reward: shaping such as DAPO's soft overlong
 punishment is one of its components (added by the build layer), so the logged
 ``reward/mean`` is exactly what the advantages are computed from.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus.containers import Rollouts, ScoredGroups
+from grpoplus.metrics.signals import ENV_FAULTS
 from grpoplus.tasks.base import is_correct, reward_fields
 
 
@@ -39,6 +41,8 @@ class Scorer:
         correct = torch.tensor([is_correct(c) for c in result.components[self.correct_key]], dtype=torch.bool)
         rewards = torch.tensor(result.total, dtype=torch.float32)
         scored = torch.tensor(result.scored, dtype=torch.bool)
+        if rollouts.end_reasons is not None:  # a trajectory its environment broke has no score either
+            scored &= torch.tensor([reason not in ENV_FAULTS for reason in rollouts.end_reasons], dtype=torch.bool)
         components, metrics = result.components, result.metrics
         if self.prm is not None:
             rollouts, prm_metrics = process_rewards(self.prm, self.tokenizer, rollouts, [ex.prompt for ex in per_row])

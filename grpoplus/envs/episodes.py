@@ -17,7 +17,8 @@ A trajectory ends, with the reason recorded (``env/ended/<reason>``), when
 - ``length``: a turn reached ``max_new_tokens`` without its end token, or the trajectory's token budget ran out;
 - ``context``: an observation would overflow the budget or the engine's context;
 - ``error`` / ``timeout`` / ``malformed``: the environment raised, did not answer within ``timeout_s``, or
-  answered something that is not a step result. Counted, never a crash and never a hang.
+  answered something that is not a step result. Counted, never a crash and never a hang; the trajectory has no
+  score (:mod:`grpoplus.scoring`: left out of its group's statistics and of the loss, as a failed reward's sample).
 
 Environment tokens are attended to but carry no loss (``Rollouts.model_mask``); nothing sampled is re-tokenized.
 """
@@ -37,7 +38,7 @@ from grpoplus.envs.adapters import adapt
 from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
 from grpoplus.envs.calls import InFlight, Outcome, awaited, run_all
 from grpoplus.envs.drift import drifted
-from grpoplus.envs.render import first_prompt_ids, messages, observation_ids
+from grpoplus.envs.render import first_prompt_ids, is_tool_result, messages, observation_ids
 from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
 from grpoplus.rollout.base import check_rollouts
 
@@ -251,6 +252,7 @@ def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits, warn
         e.reason = "context"
     else:
         e.turns[-1].observation = obs
+        e.turns[-1].by_tool = is_tool_result(result.observation)
         e.said.append(result.observation)
 
 

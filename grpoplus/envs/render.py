@@ -36,6 +36,13 @@ def text_of(obs: Observation) -> str:
     return "\n".join(m["content"] for m in messages(obs))
 
 
+def is_tool_result(obs: Observation) -> bool:
+    """True when every message of the observation is a tool's result (role ``tool``): a trace marks its tokens
+    apart from an environment's."""
+    msgs = messages(obs)
+    return bool(msgs) and all(m.get("role") == "tool" for m in msgs)
+
+
 def has_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 

@@ -25,6 +25,7 @@ class Turn:
     logp: list[float]  # the sampler's log-prob of each sampled id
     observation: list[int] = field(default_factory=list)  # ids appended after the turn (empty: none)
     reward: float | None = None  # the environment's reward for this turn, if it gives one
+    by_tool: bool = False  # the observation is tool results (role "tool"), not the environment's own text
 
     def __post_init__(self):
         if len(self.sampled) != len(self.logp):
@@ -49,6 +50,10 @@ class Trajectory:
             sampled += [1] * len(turn.sampled) + [0] * len(turn.observation)
             logp += turn.logp + [0.0] * len(turn.observation)
         return ids, sampled, logp
+
+    def observation_sources(self) -> list[str]:
+        """``"tool"`` or ``"env"`` for each turn's observation, in order (turns without one skipped)."""
+        return ["tool" if turn.by_tool else "env" for turn in self.turns if turn.observation]
 
     def turn_ends(self) -> list[int]:
         """Response index of each turn's last sampled id (the step ends of the ``process`` estimator); a turn
@@ -89,4 +94,5 @@ def to_rollouts(trajectories: list[Trajectory], group_ids: list[int], prompt_ind
                     [t.text for t in trajectories], list(prompt_index), policy_version=policy_version,
                     model_mask=model_mask, turn_rewards=[[t.reward for t in tr.turns if t.sampled] for tr in trajectories],
                     turn_ends=[tr.turn_ends() for tr in trajectories],
+                    observation_sources=[tr.observation_sources() for tr in trajectories],
                     end_reasons=None if any(t.reason is None for t in trajectories) else [t.reason for t in trajectories])

@@ -87,7 +87,10 @@ def _nonfinite(record: Record, info: Mapping) -> bool:
     return skipped >= info.get("updates_per_batch", 1)
 
 
-ENV_FAILURES = ("env/ended/error", "env/ended/timeout", "env/ended/malformed")
+ENV_FAULTS = ("error", "timeout", "malformed")
+"""The ways a trajectory ends that are its environment's fault, not the policy's: it raised, did not answer in time,
+or answered something that is not a step. Such a trajectory has no score (left out of its group and of the loss)."""
+ENV_FAILURES = tuple(f"env/ended/{reason}" for reason in ENV_FAULTS)
 """The shares of trajectories a failing environment ended (the doctor's env_failures check reads the same keys)."""
 
 

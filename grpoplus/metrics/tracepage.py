@@ -1,9 +1,10 @@
 """``grpoplus traces RUN``: one step's rollout trace (:mod:`grpoplus.metrics.traces`) as one self-contained HTML page.
 
 The page needs no network: its CSS, script and data are inline. A table of the step's samples, filtered by
-verdict, finish and reward range; per sample its tokens coloured by mask (policy / environment, with or without
-loss), by advantage, or by the gap between the engine's and the learner's log-prob. Token text comes from the run's
-tokenizer (the newest checkpoint's) when it loads, else the ids are shown. The filters live in the URL fragment
+verdict, score, finish and reward range; per sample its tokens coloured by mask (policy with or without loss, tool
+result, environment), by advantage, or by the gap between the engine's and the learner's log-prob. Token text comes
+from the run's tokenizer (the newest checkpoint's) when it loads, else the ids are shown. The filters live in the URL
+fragment
 (``page.html#status=truncated&min=0.5&row=3&colour=gap``), so a view can be linked.
 """
 
@@ -79,7 +80,8 @@ def render(data: dict) -> str:
             "<div id='controls'>show <select id='status'><option value='all'>all</option>"
             "<option value='correct'>correct</option><option value='incorrect'>incorrect (verifier)</option>"
             "<option value='truncated'>truncated (length)</option><option value='failed'>failed (incorrect or "
-            "environment error)</option><option value='error'>environment error</option></select> "
+            "environment error)</option><option value='error'>environment error</option>"
+            "<option value='unscored'>no score (left out)</option></select> "
             "reward from <input id='min' type='number' step='any' size='6'> to "
             "<input id='max' type='number' step='any' size='6'> "
             "colour tokens by <select id='colour'><option value='mask'>mask</option>"

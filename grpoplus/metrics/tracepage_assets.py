@@ -10,7 +10,7 @@ vertical-align:top}tr.sample{cursor:pointer}tr.sample:hover{background:#eef}tr.c
 td.text{font-family:monospace;white-space:pre-wrap;max-width:40em;overflow:hidden}
 #detail{margin-top:1em}.tokens{font-family:monospace;white-space:pre-wrap;line-height:1.9;border:1px solid #ccc;
 padding:.5em}.tok{border-radius:2px;padding:1px 0;margin-right:1px}.prompt{color:#888}
-.k-loss{background:#bcd7f5}.k-noloss{background:#e6ecf3}.k-env{background:#f8d49a}
+.k-loss{background:#bcd7f5}.k-noloss{background:#e6ecf3}.k-env{background:#f8d49a}.k-tool{background:#c9e8c0}
 #legend span{margin-right:1em;padding:1px 4px}#controls input{width:6em}#controls select{width:auto}
 """
 
@@ -48,7 +48,8 @@ SCRIPT = r"""
   }
   function keep(r, s) {
     const ok = {all: true, correct: r.correct, incorrect: !r.correct, truncated: r.finish === 'length',
-                error: r.finish === 'error', failed: !r.correct || r.finish === 'error'}[s.status];
+                error: r.finish === 'error', failed: !r.correct || r.finish === 'error',
+                unscored: r.scored === false}[s.status];
     return ok && (s.min === '' || r.reward >= Number(s.min)) && (s.max === '' || r.reward <= Number(s.max));
   }
 
@@ -64,8 +65,8 @@ SCRIPT = r"""
   }
 
   function colour(r, i, s, adv, gap, scale) {
-    if (s.colour === 'mask') return {cls: r.mask[i] === '0' ? 'k-env' : (r.loss_mask && r.loss_mask[i] === '0' ?
-      'k-noloss' : 'k-loss'), bg: ''};
+    if (s.colour === 'mask') return {cls: r.mask[i] === '0' ? 'k-env' : r.mask[i] === 't' ? 'k-tool' :
+      (r.loss_mask && r.loss_mask[i] === '0' ? 'k-noloss' : 'k-loss'), bg: ''};
     const v = s.colour === 'advantage' ? adv[i] : (gap ? Math.abs(gap[i]) : 0);
     const t = Math.min(1, Math.abs(v) / (scale || 1));
     const hue = s.colour === 'advantage' ? (v >= 0 ? '120' : '0') : '0';
@@ -84,19 +85,21 @@ SCRIPT = r"""
     const response = r.response_ids.map((id, i) => {
       const c = colour(r, i, s, adv, gap, scale);
       const tip = 'id ' + id + (r.mask[i] === '1' ? ' | engine ' + r.logp_engine_e6[i] / 1e6 + ' | learner ' +
-        (r.logp_learner_e6 ? r.logp_learner_e6[i] / 1e6 : '-') : ' | environment token') + ' | advantage ' +
+        (r.logp_learner_e6 ? r.logp_learner_e6[i] / 1e6 : '-') : r.mask[i] === 't' ? ' | tool result token' :
+        ' | environment token') + ' | advantage ' +
         fmt(adv[i], 4);
       return '<span class="tok ' + c.cls + '" style="' + c.bg + '" title="' + tip + '">' + esc(text(id)) + '</span>';
     }).join('');
     const parts = Object.entries(r.rewards).map(([k, v]) => k + ' ' + fmt(v, 3)).join(', ');
     $('detail').innerHTML = '<h2>row ' + r.row + ' (group ' + r.group + ', prompt ' + r.prompt_index + ')</h2><p>' +
       'reward ' + fmt(r.reward, 4) + ' (' + esc(parts) + '), finish ' + r.finish + ', version ' + r.version +
-      (r.trained ? '' : ', not trained on') + '</p><div class="tokens">' + prompt + response + '</div>';
+      (r.trained ? '' : ', not trained on') + (r.scored === false ? ', no score (left out of its group)' : '') + '</p><div class="tokens">' + prompt + response + '</div>';
   }
 
   function legend(s) {
     $('legend').innerHTML = s.colour === 'mask' ? '<span class="k-loss">policy token, with loss</span>' +
-      '<span class="k-noloss">policy token, no loss (filtered)</span><span class="k-env">environment token</span>' :
+      '<span class="k-noloss">policy token, no loss (filtered)</span><span class="k-tool">tool result token</span>' +
+      '<span class="k-env">environment token</span>' :
       s.colour === 'advantage' ? 'green: positive advantage, red: negative (intensity: |A| / the sample\'s largest)' :
       'red intensity: |engine - learner| log-prob of the token / the sample\'s largest gap';
   }

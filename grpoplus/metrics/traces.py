@@ -6,8 +6,10 @@ One JSON object per sample (one line), gzip'ed, written once per step after the 
   ``version`` (the policy version whose weights sampled it: optimizer steps so far, the oldest of the batch),
   ``trained`` (false: the step trained on nothing, every group was filtered out);
 - ``prompt_ids``, ``response_ids``: the unpadded token ids;
-- ``mask``: one character per response token, ``1`` sampled by the policy, ``0`` an environment token (the
-  observation or tool result of a multi-turn trajectory); ``loss_mask``: ``1`` on the tokens that carried loss
+- ``scored``: false where the sample has no score (a reward failed on it, or its environment broke: it is left out
+  of its group's statistics and of the loss);
+- ``mask``: one character per response token, ``1`` sampled by the policy, ``t`` a tool's result and ``0`` the
+  environment's own text (the observations of a multi-turn trajectory); ``loss_mask``: ``1`` on the tokens that carried loss
   (after the overlong, GFPO and entropy filters);
 - ``logp_engine_e6``: the sampler's log-prob of each response token times 10^6, rounded to an integer (micro-nats:
   integers keep the file small and quick to write); ``logp_learner_e6``: the learner's pi_old log-prob of the same
@@ -32,6 +34,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpoplus.metrics.signals import ENV_FAULTS
+
 if TYPE_CHECKING:  # the page and the reader need no torch
     import torch
 
@@ -39,7 +43,6 @@ if TYPE_CHECKING:  # the page and the reader need no torch
 
 FILE = re.compile(r"step-(\d+)\.jsonl\.gz")
 LIMIT_ENDS = ("max_turns", "length", "context")
-ERROR_ENDS = ("error", "timeout", "malformed")
 
 
 def trace_path(directory: Path, step: int) -> Path:
@@ -70,12 +73,25 @@ def _micro(x: "torch.Tensor") -> list[list[int]]:
 def _finish(finished: bool, end: str | None) -> str:
     if end is None:
         return "stop" if finished else "length"
-    return "env" if end == "done" else "error" if end in ERROR_ENDS else "length"
+    return "env" if end == "done" else "error" if end in ENV_FAULTS else "length"
 
 
 def _bits(mask: "torch.Tensor") -> list[bytes]:
     """[N, T] mask -> each row's ``0``/``1`` characters (ASCII bytes; a row's first t of them are its string)."""
     return [row.tobytes() for row in ((mask > 0).byte() + ord("0")).numpy()]
+
+
+def _sources(mask: str, sources: list[str] | None) -> str:
+    """``mask`` with the runs of ``0`` that hold a tool's result turned to ``t`` (``sources``: one per run)."""
+    if not sources or "tool" not in sources:
+        return mask
+    runs = re.split(r"(0+)", mask)
+    k = 0
+    for j, run in enumerate(runs):
+        if run.startswith("0"):
+            runs[j] = "t" * len(run) if k < len(sources) and sources[k] == "tool" else run
+            k += 1
+    return "".join(runs)
 
 
 def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int, limit: int) -> list[dict]:
@@ -92,7 +108,7 @@ def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int
         loss, advantages = _bits(learned.loss_mask[:n]), learned.advantages[:n].tolist()
         learner = None if learned.logp is None else _micro(learned.logp[:n] * sampled)
     rewards, correct, finished = groups.rewards[:n].tolist(), groups.correct[:n].tolist(), r.finished[:n].tolist()
-    groups_of = r.group_ids[:n].tolist()
+    groups_of, scored = r.group_ids[:n].tolist(), groups.scored_mask[:n].tolist()
     rows = []
     for i in range(n):
         t, p = response_len[i], int(prompt_len[i])
@@ -100,9 +116,10 @@ def trace_rows(groups: "ScoredGroups", learned: "LearnerTrace | None", step: int
         adv = None if advantages is None else advantages[i]
         rows.append({
             "step": step, "row": i, "group": groups_of[i], "prompt_index": r.prompt_index[groups_of[i]],
-            "version": r.policy_version, "trained": learned is not None,
+            "version": r.policy_version, "trained": learned is not None, "scored": bool(scored[i]),
             "prompt_ids": prompts[i][len(prompts[i]) - p:], "response_ids": responses[i][:t],
-            "mask": mask[i][:t].decode(), "loss_mask": None if loss is None else loss[i][:t].decode(),
+            "mask": _sources(mask[i][:t].decode(), None if r.observation_sources is None else
+                             r.observation_sources[i]), "loss_mask": None if loss is None else loss[i][:t].decode(),
             "logp_engine_e6": engine[i][:t], "logp_learner_e6": None if learner is None else learner[i][:t],
             "reward": rewards[i], "correct": bool(correct[i]),
             "rewards": {k: None if v[i] is None else float(v[i]) for k, v in groups.components.items()},

@@ -14,6 +14,28 @@ _COUNTS: Counter = Counter()
 _LOCK = threading.Lock()
 
 
+class Unscored(float):
+    """A sample's score that could not be computed for a reason that is not the completion's: a verifier that hung or
+    crashed, a judge that did not answer. A NaN for a caller doing arithmetic; the reward pipeline leaves the sample
+    out of its group's statistics and of the loss (``reward/failed_frac``), as it does a reward that raised, and
+    counts it under ``kind`` (``"timeout"`` or ``"error"``) through the events the reward counted."""
+
+    kind: str
+
+    def __new__(cls, kind: str) -> "Unscored":
+        if kind not in ("timeout", "error"):
+            raise ValueError(f"Unscored kind must be 'timeout' or 'error', got {kind!r}")
+        value = super().__new__(cls, "nan")
+        value.kind = kind
+        return value
+
+    def __reduce__(self):  # a pool worker's value crosses a pipe
+        return Unscored, (self.kind,)
+
+    def __repr__(self) -> str:
+        return f"Unscored({self.kind!r})"
+
+
 def count_event(name: str, n: int = 1) -> None:
     with _LOCK:
         _COUNTS[name] += n

@@ -8,7 +8,8 @@ What a long run needs from a judge that lives on another server:
 
 - a batch is judged concurrently (``concurrency`` requests in flight) and ends by a deadline, so a server that stops
   answering costs seconds, not the run;
-- a sample whose request fails after its retries, times out or answers without a score in range scores 0.0 and is
+- a sample whose request fails after its retries, times out or answers without a score in range is not scored
+  (:class:`~grpoplus.rewards.events.Unscored`: left out of its group and of the loss, not scored 0) and is
   counted (``judge/errors``, ``judge/timeouts``, ``judge/unparseable``: part of ``reward/errors`` and
   ``reward/timeouts``); if *every* sample of a batch fails, the server is down or the setup is wrong, and a
   :class:`~grpoplus.rewards.pipeline.RewardError` names the url and the first failure;
@@ -25,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from grpoplus.endpoints import EndpointError, api_key, check_url, request_bound, request_json, run_batch, served_model
-from grpoplus.rewards.events import count_event
+from grpoplus.rewards.events import Unscored, count_event
 from grpoplus.rewards.pipeline import RewardError
 from grpoplus.rewards.registry import REWARDS
 
@@ -179,7 +180,8 @@ def judge_reward(prompts: list[str], completions: list[str], *, url: str | None 
     for pair, (status, value) in zip(todo, outcomes):
         if cache and status == "ok":
             CACHE.put(judge.key_of(pair), value)
-    judged = [value if status == "ok" else 0.0 for status, value in outcomes]
+    judged = [value if status == "ok" else Unscored(_FAILURE_KIND[_failure(status, value)[0]])
+              for status, value in outcomes]
     return [s if s is not None else judged[slot] for s, slot in zip(scores, slots)]
 
 
@@ -210,8 +212,11 @@ def _account(judge: _Judge, outcomes: list, every_sample: bool) -> None:
         raise RewardError(f"judge at {judge.url}: all {len(outcomes)} requests failed, the first: {failures[0][1]}")
     for event in sorted({kind for kind, _ in failures}):
         count_event(event, sum(kind == event for kind, _ in failures))
-    logger.warning("judge at %s: %d of %d requests failed (scored 0), the first: %s", judge.url, len(failures),
+    logger.warning("judge at %s: %d of %d requests failed (left unscored), the first: %s", judge.url, len(failures),
                    len(outcomes), failures[0][1])
+
+
+_FAILURE_KIND = {"judge/timeouts": "timeout", "judge/unparseable": "error", "judge/errors": "error"}
 
 
 def _failure(status: str, value: object) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpoplus.rewards.events import Unscored
 from grpoplus.rewards.extract import extract_answer
 from grpoplus.rewards.registry import REWARDS
 from grpoplus.rewards.verifier import default_verifier
@@ -23,8 +24,10 @@ def math_reward(
     The final answer is the last ``<answer>`` block, ``\boxed{}`` (nested braces allowed)
     or GSM8K ``#### x``; with ``fallback_last_number`` the last number in the text. The
     check (math-verify: fractions, decimals, percentages, thousands separators, algebraic
-    equality) runs in a killable worker process under ``timeout_s``; a hang or crash
-    scores 0.0 and is counted (``verifier/timeouts``, ``verifier/crashes``).
+    equality) runs in a killable worker process under ``timeout_s``; a hang, a crash or an
+    error inside math-verify is counted (``verifier/timeouts``, ``verifier/crashes``,
+    ``verifier/errors``) and returns :class:`~grpoplus.rewards.events.Unscored` (a NaN): the
+    reward pipeline leaves that sample out of its group rather than score it 0.
 
     >>> math_reward(r"... so the total is \boxed{\frac{1}{2}}", "0.5")
     1.0
@@ -40,7 +43,8 @@ def math_reward(
         return 0.0
     if _normalise(predicted) == _normalise(answer):
         return 1.0  # fast path, and the only path for answers math-verify cannot parse
-    return 1.0 if default_verifier().check(answer, predicted, timeout_s) else 0.0
+    equal = default_verifier().verify(answer, predicted, timeout_s)
+    return equal if isinstance(equal, Unscored) else float(equal)
 
 
 @REWARDS.register("math")

@@ -8,7 +8,9 @@ Failure policy (what a user running a long job wants):
 - a reward raises on some samples, times out, or returns NaN, inf or a value beyond
   ``MAX_ABS_REWARD`` for a sample: that sample is *not scored* (``RewardResult.scored``
   False), counted (``reward/errors``, ``reward/timeouts``, ``reward/failed_frac``) and left
-  out of its group's statistics and of the loss; the run goes on;
+  out of its group's statistics and of the loss; the run goes on. A reward that could not
+  judge one sample for a reason of its own (the math verifier hung, a judge did not answer)
+  returns :class:`~grpoplus.rewards.events.Unscored` for it, with the same effect;
 - a reward raises on *every* sample of a batch: almost always a bug (a missing field, a
   bad signature) -> ``RuntimeError`` at once with the first exception;
 - a reward times out on every sample of ``MAX_TIMEOUT_STREAK`` batches in a row, or
@@ -45,6 +47,7 @@ import yaml
 
 from grpoplus.registry import import_object
 from grpoplus.rewards import events
+from grpoplus.rewards.events import Unscored
 from grpoplus.rewards.pool import Call, KillablePool
 from grpoplus.rewards.registry import REWARDS
 from grpoplus.rewards.timed import TimedCalls
@@ -243,7 +246,7 @@ def _check_count(name: str, values, n: int) -> list:
     return list(values)
 
 
-# Verifier failures inside a reward: the sample scored 0 for a reason that is not the model's
+# Verifier and judge failures inside a reward (the sample is Unscored): counted as timeouts or errors
 _FAILURE_EVENTS = {"verifier/timeouts": "timeout", "verifier/crashes": "error", "verifier/errors": "error",
                    "judge/timeouts": "timeout", "judge/errors": "error", "judge/unparseable": "error"}
 
@@ -416,6 +419,8 @@ def _reduce(name: str, outcomes: list, counted: dict) -> tuple[list, dict, list[
         bad = status != "ok" or (x is not None and (not math.isfinite(x) or abs(x) > MAX_ABS_REWARD))
         values.append(None if bad else x)
         failed.append(bad)
+        if isinstance(value, Unscored):
+            continue  # the reward counted why (verifier/..., judge/...): a timeout or an error below
         if status == "timeout":
             timed_out += 1
         elif status != "ok":

@@ -18,15 +18,16 @@ import sys
 import threading
 import time
 
-from grpoplus.rewards.events import count_event
+from grpoplus.rewards.events import Unscored, count_event
 
 
 class MathVerifier:
     """Thread-safe handle on one killable verification worker.
 
-    ``check(gold, pred, timeout_s)`` returns True/False; a hang, a crash of the worker or
-    an exception inside math-verify returns False and is counted
-    (``verifier/timeouts``, ``verifier/crashes``, ``verifier/errors``).
+    ``verify(gold, pred, timeout_s)`` returns True/False, or an :class:`~grpoplus.rewards.events.Unscored` where no
+    answer came: a hang (``"timeout"``), a crash of the worker or an exception inside math-verify (``"error"``),
+    each counted (``verifier/timeouts``, ``verifier/crashes``, ``verifier/errors``). ``check`` is its boolean
+    form (False where there is no answer).
     """
 
     def __init__(self, start_timeout_s: float = 60.0):
@@ -73,6 +74,9 @@ class MathVerifier:
             self._ready = True
 
     def check(self, gold: str, pred: str, timeout_s: float = 5.0) -> bool:
+        return self.verify(gold, pred, timeout_s) is True
+
+    def verify(self, gold: str, pred: str, timeout_s: float = 5.0) -> bool | Unscored:
         with self._lock:
             self._ensure_ready()
             request = json.dumps({"gold": gold, "pred": pred}).encode() + b"\n"
@@ -88,10 +92,11 @@ class MathVerifier:
                 count_event("verifier/crashes" if crashed else "verifier/timeouts")
                 self._kill()
                 self._spawn()  # warm up the replacement while the caller moves on
-                return False
+                return Unscored("error" if crashed else "timeout")
         reply = json.loads(line)
         if "error" in reply:
             count_event("verifier/errors")
+            return Unscored("error")
         return bool(reply.get("equal", False))
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """The failure gallery, whole runs: an environment that raises on some trajectories is counted and said once while
-the run trains on the others (and one that raises on every call ends every trajectory, said once); the tokens a tool
+the run trains on the others (the broken ones have no score) (and one that raises on every call ends every trajectory, said once); the tokens a tool
 inserted carry no loss; a run SIGKILLed right after the checkpoint that ends an epoch resumes to the uninterrupted
 run, every training row drawn exactly once per epoch."""
 
@@ -97,6 +97,8 @@ def test_an_environment_raising_on_some_trajectories_is_counted_said_once_and_th
     assert 2 <= len(broke) == 8 * sum(r["env/ended/error"] for r in steps) <= 4
     tok = char_tokenizer()
     assert all(tok.decode(s["prompt_ids"], skip_special_tokens=True).endswith(("3?", "7?")) for s in broke)
+    # a trajectory its environment broke has no score: left out of its group and of the loss, not trained as a 0
+    assert all(not s["scored"] and "1" not in s["loss_mask"] for s in broke)
     # said once, in one line, though it happened len(broke) times; no traceback
     said = _warnings(err)
     assert len(said) == 1 and said[0].startswith("grpoplus: warning: an environment's step GameBroke: game ")
@@ -105,7 +107,8 @@ def test_an_environment_raising_on_some_trajectories_is_counted_said_once_and_th
     # the others played on past their first turn (an observation between turns) and carried loss
     others = [s for s in samples if s["end"] != "error"]
     assert any(s["end"] == "done" and "01" in s["mask"] for s in others)
-    assert all(s["trained"] and "1" in s["loss_mask"] for s in others)
+    assert all(s["scored"] and s["trained"] and "1" in s["loss_mask"] for s in others)
+    assert all("t" not in s["mask"] for s in samples)  # a game's observations are its own text, not a tool's
     assert all(r["optim/skipped_updates"] == 0 for r in steps)
 
 
@@ -204,15 +207,15 @@ def test_the_tokens_a_tool_inserted_carry_no_loss(caller_dir, tmp_path):
     called = 0
     for s in samples:
         assert s["trained"] and len(s["mask"]) == len(s["loss_mask"]) == len(s["response_ids"])
-        # the run's own marks: no environment token (mask 0) carries loss
-        assert not any(m == "0" and loss == "1" for m, loss in zip(s["mask"], s["loss_mask"]))
+        # the run's own marks: no tool (mask t) or environment (mask 0) token carries loss
+        assert not any(m in "t0" and loss == "1" for m, loss in zip(s["mask"], s["loss_mask"]))
         # an independent reading of the ids: the call the policy sampled carries loss, the tool's answer none
         pieces = tok.convert_ids_to_tokens(s["response_ids"])  # one character per token, "<eos>" one token
         if "".join(pieces[:len(CALL) + 1]) == CALL + "<eos>" and "QZXJ" in "".join(pieces[len(CALL) + 1:]):
             called += 1
             assert set(s["loss_mask"][:len(CALL) + 1]) == {"1"}  # the call and its end token
             at = next(i for i in range(len(CALL) + 1, len(pieces)) if "".join(pieces[i:i + 4]) == "QZXJ")
-            assert s["loss_mask"][at:at + 4] == "0000" and s["mask"][at:at + 4] == "0000"
+            assert s["loss_mask"][at:at + 4] == "0000" and s["mask"][at:at + 4] == "tttt"  # a tool's result
     assert called >= 2  # both kinds of tokens in the trace: the check above could fail
     assert any("1" in s["loss_mask"][len(CALL) + 10:] for s in samples)  # a second turn, sampled, with loss
 

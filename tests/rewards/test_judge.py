@@ -16,6 +16,7 @@ import grpoplus.rewards.judge as judge_module
 from grpoplus.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.rewards import RewardError, RewardPipeline, events, parse_reward_specs
+from grpoplus.rewards.events import Unscored
 from grpoplus.rewards.judge import JudgeConfigError, judge_reward
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
@@ -98,13 +99,14 @@ def test_a_server_error_is_retried_until_the_score_comes():
     assert len(server.requests) == 3
 
 
-def test_a_client_error_is_not_retried_and_scores_zero_in_a_mixed_batch():
+def test_a_client_error_is_not_retried_and_leaves_its_sample_unscored_in_a_mixed_batch():
     def answer(number, response):
         return (400, "prompt too long") if response == "long" else (200, "Score: 10")
 
     with stub_server(answer) as (url, server):
         before = events.snapshot()
-        assert judge_reward(["p", "p"], ["long", "ok"], url=url, retries=2) == [0.0, 1.0]
+        scores = judge_reward(["p", "p"], ["long", "ok"], url=url, retries=2)
+    assert isinstance(scores[0], Unscored) and scores[0].kind == "error" and scores[1] == 1.0
     assert len(server.requests) == 2
     assert events.delta(before, events.snapshot()) == {"judge/errors": 1}
 
@@ -118,7 +120,8 @@ def test_a_server_that_never_answers_costs_a_bounded_time():
         start = time.monotonic()
         result = pipeline(["p"] * 4, ["hang 1", "fine 1", "hang 2", "fine 2"])
         assert time.monotonic() - start < 3
-        assert result.components["judge"] == [0.0, 0.5, 0.0, 0.5]
+        assert result.components["judge"] == [None, 0.5, None, 0.5]  # left out of their groups, not scored 0
+        assert result.scored == [False, True, False, True]
         assert result.metrics["reward/timeouts"] == 2 and result.metrics["reward/errors"] == 2
         assert result.metrics["reward/judge/judge_timeouts"] == 2
 
@@ -130,14 +133,15 @@ def test_a_server_that_never_answers_costs_a_bounded_time():
     assert "\n" not in message and url in message and "no answer within 0.5 s" in message
 
 
-def test_unparseable_replies_score_zero_and_count_as_reward_errors():
+def test_unparseable_replies_are_unscored_and_count_as_reward_errors():
     def answer(number, response):
         return (200, "I think it's good") if response.startswith("vague") else (200, "Correct. Score: 9")
 
     with stub_server(answer) as (url, server):
         result = _pipeline(f"judge:2:url={url}")(["p"] * 4, ["vague 1", "right 1", "vague 2", "right 2"])
-    assert result.components["judge"] == [0.0, pytest.approx(0.9), 0.0, pytest.approx(0.9)]
-    assert result.total == [0.0, pytest.approx(1.8), 0.0, pytest.approx(1.8)]
+    assert result.components["judge"] == [None, pytest.approx(0.9), None, pytest.approx(0.9)]
+    assert result.scored == [False, True, False, True]
+    assert result.total[1] == result.total[3] == pytest.approx(1.8)
     assert result.metrics["reward/errors"] == 2 and result.metrics["reward/timeouts"] == 0
     assert result.metrics["reward/judge/judge_unparseable"] == 2
 

@@ -1,11 +1,13 @@
 """Math reward: extraction, equivalence, and the hard time limit of the verifier."""
 
+import math
 import threading
 
 import pytest
 
 from grpoplus.rewards import REWARDS, extract_answer, last_boxed, math_reward
-from grpoplus.rewards.events import delta, snapshot
+from grpoplus.rewards.events import Unscored, delta, snapshot
+from grpoplus.rewards.pipeline import RewardPipeline, parse_reward_specs
 
 POWER_TOWER = r"\boxed{2^{2^{2^{2^{2^{2}}}}}}"  # sympy tries to evaluate this for ever
 
@@ -43,11 +45,21 @@ def test_last_number_fallback_only_when_configured():
     assert math_reward("I get 17 in the end", "17", fallback_last_number=True) == 1.0
 
 
-def test_power_tower_hang_scores_zero_is_counted_and_the_verifier_recovers():
+def test_power_tower_hang_is_unscored_not_zero_is_counted_and_the_verifier_recovers():
     before = snapshot()
-    assert math_reward(POWER_TOWER, "1", timeout_s=1.0) == 0.0
+    score = math_reward(POWER_TOWER, "1", timeout_s=1.0)
+    assert isinstance(score, Unscored) and score.kind == "timeout" and math.isnan(score)
     assert delta(before, snapshot()) == {"verifier/timeouts": 1}
     assert math_reward(r"\boxed{\frac{3}{4}}", "0.75") == 1.0  # the replacement worker answers
+
+
+def test_a_hung_check_leaves_the_sample_out_of_its_group_as_a_timeout():
+    pipeline = RewardPipeline(parse_reward_specs(["math:timeout_s=1.0"]), timeout_s=10)
+    result = pipeline(["q"] * 3, [POWER_TOWER, r"\boxed{1}", r"\boxed{2}"], {"answer": ["1", "1", "1"]})
+    assert result.scored == [False, True, True]
+    assert result.components["math"] == [None, 1.0, 0.0]
+    assert result.metrics["reward/timeouts"] == 1 and result.metrics["reward/math/verifier_timeouts"] == 1
+    assert "reward/math/nonfinite" not in result.metrics  # a timeout, not a NaN the reward computed
 
 
 def test_time_limit_works_from_a_non_main_thread():
@@ -56,7 +68,7 @@ def test_time_limit_works_from_a_non_main_thread():
     thread = threading.Thread(target=lambda: results.append(math_reward(POWER_TOWER, "1", timeout_s=1.0)))
     thread.start()
     thread.join(timeout=30)
-    assert not thread.is_alive() and results == [0.0]
+    assert not thread.is_alive() and len(results) == 1 and isinstance(results[0], Unscored)
 
 
 def test_registered_math_reward_needs_answers():
