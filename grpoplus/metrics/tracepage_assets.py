@@ -93,7 +93,8 @@ SCRIPT = r"""
     const parts = Object.entries(r.rewards).map(([k, v]) => k + ' ' + fmt(v, 3)).join(', ');
     $('detail').innerHTML = '<h2>row ' + r.row + ' (group ' + r.group + ', prompt ' + r.prompt_index + ')</h2><p>' +
       'reward ' + fmt(r.reward, 4) + ' (' + esc(parts) + '), finish ' + r.finish + ', version ' + r.version +
-      (r.trained ? '' : ', not trained on') + (r.scored === false ? ', no score (left out of its group)' : '') + '</p><div class="tokens">' + prompt + response + '</div>';
+      (r.trained ? '' : ', not trained on') + (r.scored === false ? ', no score (left out of its group)' : '') +
+      '</p><div class="tokens">' + prompt + response + '</div>';
   }
 
   function legend(s) {

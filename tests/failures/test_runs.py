@@ -1,7 +1,8 @@
 """The failure gallery, whole runs: an environment that raises on some trajectories is counted and said once while
-the run trains on the others (the broken ones have no score) (and one that raises on every call ends every trajectory, said once); the tokens a tool
-inserted carry no loss; a run SIGKILLed right after the checkpoint that ends an epoch resumes to the uninterrupted
-run, every training row drawn exactly once per epoch."""
+the run trains on the others, the broken ones left unscored (and one that raises on every call ends every
+trajectory, said once); the tokens a tool inserted carry no loss and are marked as a tool's in the trace; a run
+SIGKILLed right after the checkpoint that ends an epoch resumes to the uninterrupted run, every training row drawn
+exactly once per epoch."""
 
 import json
 import os
