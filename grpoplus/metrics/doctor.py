@@ -68,7 +68,7 @@ def batch_info_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {k: rollout[k] for k in ("group_size", "max_staleness", "quantization", "engine")
                              if k in rollout}
     info.update({k: algo[k] for k in ("loss", "adv_estimator", "routing_replay") if k in algo})
-    info.update({k: learner[k] for k in ("precision", "tf32") if k in learner})
+    info.update({k: learner[k] for k in ("precision", "tf32", "device") if k in learner})
     if learner.get("teacher"):
         info["teacher"] = True  # on-policy distillation: zero reward spread still leaves the teacher's advantage
     if health.get("sync_gap_max") is not None:
