@@ -17,14 +17,27 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collectreport(report):
-    if report.skipped:  # a module skipped as a whole (a package it needs is missing)
+    if report.skipped and report.nodeid not in _skipped:  # a module skipped as a whole (a package it needs is missing)
         _skipped.append(report.nodeid)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (``-n N``) runs torch on its share of the cores, so N workers do not oversubscribe them."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_sessionfinish(session):
     import os
     from pathlib import Path
 
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller hears every report and writes
+        return
     if os.environ.get(SKIPPED_TO):
         Path(os.environ[SKIPPED_TO]).write_text("".join(f"{nodeid}\n" for nodeid in _skipped))
 
@@ -39,6 +52,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start_cache(tmp_path_factory):
+    """Every test session builds the built-in model's warm starts afresh, once each (a run's first use; the tests
+    that build one on purpose point ``GRPOPLUS_CACHE`` elsewhere): never a user's ~/.cache, nor a stale one."""
+    import os
+
+    before = os.environ.get("GRPOPLUS_CACHE")
+    os.environ["GRPOPLUS_CACHE"] = str(tmp_path_factory.mktemp("grpoplus-cache"))
+    yield os.environ["GRPOPLUS_CACHE"]
+    if before is None:
+        os.environ.pop("GRPOPLUS_CACHE", None)
+    else:
+        os.environ["GRPOPLUS_CACHE"] = before
 
 
 @pytest.fixture(scope="module")

@@ -48,13 +48,12 @@ def test_held_out_games_are_every_secret_and_never_in_training():
 
 
 @pytest.mark.slow
-def test_rl_raises_the_success_rate_of_the_warm_started_model(tmp_path, monkeypatch):
+def test_rl_raises_the_success_rate_of_the_warm_started_model(tmp_path):
     """About 3 minutes on 2 cores: the warm start (about 110 s), then 30 steps. The three seeds of
     docs/results/multi-turn.md went from 6 of the 15 held-out games (greedy counts up) in 5.0 turns
     to 14 or 15 in 3.5 to 3.8 turns by step 30; this test's seed 0 ended at 15 in 3.9 turns with torch's float32
     products and at 12 or more in 4.3 with oneDNN's (learner.cpu_matmul: the same numbers to rounding, another
     trajectory), seeds 1 and 2 with oneDNN's at 15 and 14 in 3.6 and 3.7."""
-    monkeypatch.setenv("GRPOPLUS_CACHE", str(tmp_path / "cache"))
     cfg = build_config("dapo", overrides=["task=guess", f"out={tmp_path / 'run'}", "max_steps=30", "eval_every=30",
                                           "eval_samples=0", "save_every=0", "progress=false", "loggers=[]",
                                           "doctor_every=0"])
