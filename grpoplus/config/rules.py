@@ -179,6 +179,38 @@ def _quantize(cfg: Config) -> None:
             raise ValueError(f"{what} does not run with {key}: {why}; {fix}, or learner.quantize=none")
 
 
+@rule("sampler_weights")
+def _sampler_weights(cfg: Config) -> None:
+    """The rollout engine can sample with the weights asked for: the hf engine's int8 kernels on a CPU in float32, vLLM
+    with int8 or fp8 weights in bfloat16 and LoRA adapters up to vLLM's largest rank."""
+    r, lrn = cfg.rollout, cfg.learner
+    gpu = lrn.device.startswith("cuda")
+    if r.engine == "hf":
+        if r.quantization == "fp8":
+            raise ValueError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
+                             "rollout.quantization=int8 (the hf engine's CPU int8 kernels) or bf16_rounded")
+        if r.quantization == "int8" and gpu:
+            raise ValueError(f"rollout.quantization=int8 with rollout.engine=hf uses CPU int8 kernels, but "
+                             f"learner.device={lrn.device}: use rollout.engine=vllm with rollout.quantization=int8")
+        if r.quantization == "int8" and lrn.precision != "fp32":
+            raise ValueError(f"rollout.quantization=int8 samples with int8 kernels, which do not run under the "
+                             f"bfloat16 autocast of learner.precision={lrn.precision}: use learner.precision=fp32 "
+                             "with it, or rollout.quantization=none")
+    if r.engine != "vllm":
+        return
+    from grpoplus.rollout.vllm_engine import VLLM_LORA_RANKS  # imports no vllm
+
+    if r.quantization == "bf16_rounded":
+        raise ValueError("rollout.quantization=bf16_rounded rounds the hf engine's weights; vLLM samples in bfloat16 "
+                         "itself with learner.precision=bf16_mixed: use that, or rollout.engine=hf")
+    if r.quantization in ("int8", "fp8") and lrn.precision == "fp32" and "dtype" not in r.engine_kwargs:
+        raise ValueError(f"rollout.quantization={r.quantization} with rollout.engine=vllm computes in bfloat16, and "
+                         "vLLM refuses it in float32: set learner.precision=bf16_mixed (or rollout.engine_kwargs.dtype)")
+    if lrn.lora_rank > VLLM_LORA_RANKS[-1]:
+        raise ValueError(f"rollout.engine=vllm applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
+                         f"learner.lora_rank={lrn.lora_rank}: lower it, or use rollout.engine=hf (merged weights)")
+
+
 @rule("freeze")
 def _freeze(cfg: Config) -> None:
     """Frozen parameters are named, and only in full fine-tuning (LoRA already freezes the whole base)."""
@@ -342,6 +374,10 @@ def _check_scale(cfg: Config) -> None:
             raise ValueError(f"config key {key} must be > 0, got {value}")
     if cfg.run.cluster == "local" and r.workers > 1:
         raise ValueError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
+    address = cfg.ray.address
+    if address not in (None, "auto") and not _host_port(address):
+        raise ValueError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379); leave it unset to "
+                         "start a local Ray instance")
     if cfg.run.cluster == "ray":
         require_package("ray", "cluster=ray")
     rows, fitting = _rank_micro_batches(cfg)
@@ -365,6 +401,11 @@ def _check_scale(cfg: Config) -> None:
         # alone in the process that ran an engine, which would pass for a torchrun node of one rank
         torchrun = "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
         _check_local_devices(lrn.device, int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else lrn.data_parallel)
+
+
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
 
 
 def _check_sharded(cfg: Config) -> None:

@@ -232,3 +232,35 @@ def test_a_saved_config_from_before_the_eval_keys_loads_with_their_defaults(tmp_
         del saved["rollout"][key]  # a run directory's config.yaml written before these keys existed
     cfg = build_config(base=saved)
     assert (cfg.rollout.eval_samples, cfg.rollout.eval_k, cfg.rollout.eval_temperature) == (2, [], None)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["quantization=int8", "precision=bf16_mixed"], r"^rollout.quantization=int8 samples with int8 kernels, which do "
+                                                    r"not run under the bfloat16 autocast of learner.precision="),
+    (["quantization=int8", "learner.device=cuda"], r"^rollout.quantization=int8 with rollout.engine=hf uses CPU int8 "
+                                                   r"kernels, but learner.device=cuda: use rollout.engine=vllm"),
+    (["quantization=fp8"], r"^rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm"),
+    (["rollout.engine=vllm", "quantization=bf16_rounded"], r"^rollout.quantization=bf16_rounded rounds the hf "),
+    (["rollout.engine=vllm", "quantization=int8"], r"vLLM refuses it in float32: set learner.precision=bf16_mixed"),
+    (["cluster=ray", "ray.address=10.0.0.1"], r"^ray.address='10.0.0.1' is not 'auto' or host:port"),
+])
+def test_what_an_engine_or_the_cluster_would_refuse_minutes_later_is_refused_by_the_config(overrides, message):
+    # once refused only where the engine or the cluster starts (after the model loads), so a dry run passed them
+    with pytest.raises(ValueError, match=message) as raised:
+        build_config(overrides=overrides)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_dry_run_refuses_a_sampler_the_engine_cannot_run(capsys):
+    from grpoplus.cli import main
+
+    assert main(["train", "--dry-run", "quantization=int8", "precision=bf16_mixed"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.quantization=int8 samples with int8 kernels" in err and "Traceback" not in err
+
+
+def test_vllm_refuses_a_lora_rank_above_its_largest_in_the_config():
+    pytest.importorskip("peft")
+    with pytest.raises(ValueError, match=r"^rollout.engine=vllm applies LoRA adapters of rank <= 512, got "
+                                         r"learner.lora_rank=513: lower it, or use rollout.engine=hf"):
+        build_config(overrides=["rollout.engine=vllm", "lora_rank=513"])
