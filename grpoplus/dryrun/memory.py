@@ -19,6 +19,7 @@ from grpoplus.config import Config
 from grpoplus.dryrun.sizes import ModelSize
 from grpoplus.dryrun.tokens import Tokens
 from grpoplus.plan.placement import shards, whole_copy_in_host_memory
+from grpoplus.plan.run import reference_kind
 
 FP32, GRADIENT, ADAMW = 4, 4, 8
 """Bytes per parameter of a float32 weight, its float32 gradient and AdamW's two float32 moments."""
@@ -164,8 +165,9 @@ def base_items(cfg: Config, policy: ModelSize) -> list[Item]:
 
 
 def reference_item(cfg: Config, policy: ModelSize) -> Item | None:
-    """The frozen KL reference (beta > 0; with LoRA it is the policy with its adapters off: nothing more)."""
-    if cfg.algo.beta <= 0 or cfg.learner.lora_rank:
+    """The frozen KL reference, as the learner decides it (:func:`grpoplus.plan.run.reference_kind`): a copy when
+    the stage's beta > 0 without LoRA (with LoRA it is the policy with its adapters off: nothing more)."""
+    if reference_kind(cfg) != "copy":
         return None
     if cfg.learner.sharded:  # sharded like the policy: float32 shards, gathered in the compute dtype to run
         shards, share = _share(cfg)

@@ -10,6 +10,7 @@ from pathlib import Path
 from grpoplus.config import Config, env_of
 from grpoplus.dryrun.sizes import ModelSize
 from grpoplus.plan.placement import whole_copy_in_host_memory
+from grpoplus.plan.run import reference_kind
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,10 @@ def _learner(cfg: Config) -> str:
 
 
 def _reference(cfg: Config) -> str:
-    if cfg.algo.beta <= 0:
-        return "none (algo.beta = 0)"
-    if cfg.learner.lora_rank:
+    kind = reference_kind(cfg)  # the learner's own decision (grpoplus.plan.run)
+    if kind == "none":
+        return "none (the supervised stage)" if cfg.run.stage == "sft" else "none (algo.beta = 0)"
+    if kind == "adapters_off":
         base = f", the {cfg.learner.quantize} base" if cfg.learner.quantize != "none" else ""
         return f"the policy with its LoRA adapters off (algo.beta = {cfg.algo.beta}; no second copy{base})"
     lowered = ", linear weights in bfloat16" if cfg.learner.precision == "bf16_mixed" else ""

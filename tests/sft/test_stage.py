@@ -150,6 +150,19 @@ def test_the_dry_run_renders_a_supervised_stage(capsys):
         print_dry_run(None, None, ["run.stage=sft", "sft.demos=wordproblems-calculator"], None)
 
 
+def test_the_dry_run_of_a_supervised_stage_from_an_rl_preset_counts_no_reference(capsys):
+    """The grpo preset's beta does not act in the supervised stage: the learner builds no reference, and the dry run
+    neither lists one nor counts its memory (it reads the learner's own decision)."""
+    from grpoplus.dryrun import print_dry_run
+
+    assert print_dry_run("grpo", None, ["run.stage=sft"], None) == 0
+    out = capsys.readouterr().out
+    assert "reference  none (the supervised stage)" in out and "reference, fp32, frozen" not in out
+    assert print_dry_run("grpo", None, [], None) == 0
+    out = capsys.readouterr().out
+    assert "reference  a frozen copy of the policy" in out and "reference, fp32, frozen" in out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", [("learner.data_parallel=2",),
                                        ("learner.data_parallel=2", "learner.strategy=fsdp2")])
