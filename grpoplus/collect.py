@@ -31,7 +31,7 @@ from grpoplus.prompts import PromptSampler
 from grpoplus.rollout.base import check_rollouts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CollectPlan:
     """How collection draws and filters, decided once from the config."""
 
@@ -47,7 +47,8 @@ class CollectPlan:
                   episodes: EpisodePlan | None = None):
         group_filter = "dynamic" if algo.dynamic_sampling else "zero_variance" if algo.zero_variance_filter else "none"
         max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
-        return cls(params, prompts_per_step, group_filter, max_rounds, pad_id, episodes)
+        return cls(params=params, prompts_per_step=prompts_per_step, group_filter=group_filter, max_rounds=max_rounds,
+                   pad_id=pad_id, episodes=episodes)
 
 
 def sample(engine, examples: list, idx: list[int], params: SamplingParams, episodes: EpisodePlan | None,

@@ -221,7 +221,7 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
     doctor = LiveDoctor(batch_info=info, every=cfg.run.doctor_every)
     records = []
     history = read_metrics(run_dir.root) if resumed else []  # the steps before this call, for the doctor
-    guard = HealthGuard(GuardPlan(cfg.health.warn, cfg.health.stop_after), info, history)
+    guard = HealthGuard(GuardPlan(warn=cfg.health.warn, stop_after=cfg.health.stop_after), info, history)
     progress = Progress(cfg, start)
     try:
         if start == 0:

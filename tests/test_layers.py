@@ -154,3 +154,27 @@ def test_the_layout_page_names_every_package_and_module_of_the_tree():
     assert sorted((packages | modules) - named) == []
     gone = sorted(n for n in re.findall(r"^  (\w+/|\w+\.py)", tree, re.M) if n not in packages | modules)
     assert gone == []
+
+
+def positional_plans() -> list[str]:
+    """The dataclasses named ``*Plan`` (the records handed between stages) that take arguments by position."""
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ClassDef) and node.name.endswith("Plan")):
+                continue
+            for deco in node.decorator_list:
+                call = deco if isinstance(deco, ast.Call) else None
+                func = call.func if call else deco
+                if getattr(func, "id", getattr(func, "attr", None)) != "dataclass":
+                    continue
+                kw_only = any(k.arg == "kw_only" and getattr(k.value, "value", False) is True
+                              for k in (call.keywords if call else []))
+                if not kw_only:
+                    found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_every_plan_is_built_by_keyword():
+    """A plan of a dozen fields built by position breaks silently when a field is added; kw_only refuses that."""
+    assert positional_plans() == []

@@ -61,7 +61,7 @@ def build_episodes(cfg: Config, tokenizer, model):
     limits = EpisodeLimits(max_turns=r.max_turns, max_tokens=r.max_episode_tokens, timeout_s=r.env_timeout_s,
                            patience_s=r.env_patience_s, max_context=context_length(model))
     factory = functools.partial(ToolEnv, resolve_tools(cfg.data.tools)) if cfg.data.tools else env_factory(name)
-    return EpisodePlan(factory, limits, tokenizer, chat=cfg.data.chat_template)
+    return EpisodePlan(factory=factory, limits=limits, tokenizer=tokenizer, chat=cfg.data.chat_template)
 
 
 def context_length(model) -> int:

@@ -16,7 +16,7 @@ def row_of(example) -> dict:
     return {"prompt": example.prompt, "answer": example.answer, **example.fields}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpisodePlan:
     """Multi-turn collection: each response is a trajectory played in its own environment."""
 

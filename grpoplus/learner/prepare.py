@@ -30,7 +30,7 @@ from grpoplus.models.routing import RoutingSpec
 LOGP_OLD_MODES = ("forward", "recompute", "rollout")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LearnerPlan:
     """How the learner prepares and updates, decided once from the config."""
 

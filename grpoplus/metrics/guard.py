@@ -18,7 +18,7 @@ class HealthStop(RuntimeError):
     written before it is raised."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GuardPlan:
     """The guard's part of the config (the ``health`` section)."""
 

@@ -15,7 +15,7 @@ from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Placement:
     """Where each role runs (:mod:`grpoplus.plan.placement`'s predicates, evaluated once)."""
 
@@ -31,7 +31,7 @@ class Placement:
     rollout_workers: int  # Ray rollout workers (cluster=ray)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProcessPlan:
     """Settings of every process of a run (the driver, a learner rank, a rollout worker)."""
 
@@ -43,7 +43,7 @@ class ProcessPlan:
     own_device: str  # the device as the role's own process names it: one GPU per process is ``cuda``
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyPlan:
     """What to load as the policy: a model by name, or the built-in tiny model warm-started on ``task``."""
 
@@ -58,7 +58,7 @@ class PolicyPlan:
     precision: str  # learner.precision: the dtype a 4-bit layer computes in
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoraPlan:
     rank: int  # 0: full fine-tuning
     alpha: float
@@ -66,7 +66,7 @@ class LoraPlan:
     target_modules: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OptimizerPlan:
     """AdamW and its schedule; ``lr`` None: the rate that fits the model (assemble.factories.learning_rate)."""
 
@@ -80,7 +80,7 @@ class OptimizerPlan:
     stage: str = "rl"  # rl | sft: the default rates differ (a supervised stage takes larger steps)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UpdatePlan:
     """How the learner prepares and updates, as the config decides it (the model adds its routing shape and the
     reward pipeline its weights: :class:`grpoplus.learner.prepare.LearnerPlan`)."""
@@ -104,7 +104,7 @@ class UpdatePlan:
     compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnginePlan:
     """A rollout engine's settings (engine options come from here and the model's context length)."""
 
@@ -118,7 +118,7 @@ class EnginePlan:
     compile: bool = False  # hf engine: one compiled decode step (rollout.compile)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LearnerRolePlan:
     """All a learner rank's process is told: what to load, how to train it, where it stands among the ranks."""
 
@@ -137,7 +137,7 @@ class LearnerRolePlan:
     freeze: tuple[str, ...] = ()  # parameters kept frozen (learner.freeze)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutRolePlan:
     """All a rollout worker's process is told (cluster=ray); the weights come with each sync."""
 
@@ -149,7 +149,7 @@ class RolloutRolePlan:
     host_copy: bool  # the worker's copy of the policy stays in host memory (vLLM holds its own weights)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalPlan:
     """Held-out evaluation's sampling (the rollout's where the rollout.eval_* keys are unset)."""
 
@@ -160,7 +160,7 @@ class EvalPlan:
     top_p: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
     own part; the dry run renders it. ``config``: the user's validated settings (what the driver reads for the
@@ -189,37 +189,41 @@ def _plain(value):
 
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
-    return RunPlan(cfg, placement(cfg), learner_role(cfg), rollout_role(cfg), lora_plan(cfg), eval_plan(cfg))
+    return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
+                   lora=lora_plan(cfg), eval=eval_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:
-    return Placement(cfg.run.cluster, cfg.learner.device, where.process_device(cfg), where.on_gpus(cfg),
-                     cfg.learner.data_parallel,
-                     cfg.learner.sharded, where.shards(cfg), where.whole_copy_in_host_memory(cfg),
-                     where.driver_copy_in_host_memory(cfg), cfg.rollout.workers)
+    return Placement(cluster=cfg.run.cluster, device=cfg.learner.device, process_device=where.process_device(cfg),
+                     on_gpus=where.on_gpus(cfg), ranks=cfg.learner.data_parallel, sharded=cfg.learner.sharded,
+                     shards=where.shards(cfg), whole_copy_in_host_memory=where.whole_copy_in_host_memory(cfg),
+                     driver_copy_in_host_memory=where.driver_copy_in_host_memory(cfg),
+                     rollout_workers=cfg.rollout.workers)
 
 
 def process_plan(cfg: Config) -> ProcessPlan:
-    return ProcessPlan(cfg.run.seed, cfg.run.threads, cfg.learner.device, cfg.learner.tf32,
-                       cfg.learner.cpu_matmul, where.process_device(cfg))
+    return ProcessPlan(seed=cfg.run.seed, threads=cfg.run.threads, device=cfg.learner.device, tf32=cfg.learner.tf32,
+                       cpu_matmul=cfg.learner.cpu_matmul, own_device=where.process_device(cfg))
 
 
 def policy_plan(cfg: Config) -> PolicyPlan:
     d = cfg.data
-    return PolicyPlan(cfg.learner.model, d.task if d.data is None else None, d.difficulty, cfg.run.seed, d.eval_seed,
-                      cfg.learner.lora_rank > 0, where.shards(cfg), cfg.learner.quantize, cfg.learner.precision)
+    return PolicyPlan(model=cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
+                      seed=cfg.run.seed, eval_seed=d.eval_seed, lora=cfg.learner.lora_rank > 0,
+                      shards=where.shards(cfg), quantize=cfg.learner.quantize, precision=cfg.learner.precision)
 
 
 def lora_plan(cfg: Config) -> LoraPlan:
     lrn = cfg.learner
-    return LoraPlan(lrn.lora_rank, lrn.lora_alpha, lrn.lora_dropout, tuple(lrn.lora_target_modules))
+    return LoraPlan(rank=lrn.lora_rank, alpha=lrn.lora_alpha, dropout=lrn.lora_dropout,
+                    target_modules=tuple(lrn.lora_target_modules))
 
 
 def optimizer_plan(cfg: Config) -> OptimizerPlan:
     lrn = cfg.learner
-    return OptimizerPlan(lrn.lr, lrn.lora_rank > 0, lrn.weight_decay, (lrn.adam_beta1, lrn.adam_beta2),
-                         lrn.warmup_steps, lrn.lr_schedule, cfg.run.max_steps * stage_algo(cfg).updates_per_batch,
-                         cfg.run.stage)
+    return OptimizerPlan(lr=lrn.lr, lora=lrn.lora_rank > 0, weight_decay=lrn.weight_decay,
+                         betas=(lrn.adam_beta1, lrn.adam_beta2), warmup_steps=lrn.warmup_steps, schedule=lrn.lr_schedule,
+                         total_steps=cfg.run.max_steps * stage_algo(cfg).updates_per_batch, stage=cfg.run.stage)
 
 
 def logp_old_source(cfg: Config) -> str:
@@ -252,12 +256,16 @@ def logp_old_mode(algo: AlgoConfig, source: str, uses_reference: bool) -> str:
 def update_plan(cfg: Config) -> UpdatePlan:
     lrn, algo, memory = cfg.learner, stage_algo(cfg), cfg.run.release_memory
     sft = cfg.run.stage == "sft"
-    return UpdatePlan(1.0 if sft else cfg.rollout.temperature, lrn.micro_batch_size, lrn.max_grad_norm,
-                      "forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
-                      lrn.micro_batch_tokens, algo.routing_replay, cfg.run.seed, lrn.lora_rank > 0 and algo.beta > 0,
-                      shares_prompts(cfg), lrn.gradient_checkpointing, EAGER_TRIM_LAYERS if memory == "eager" else 0,
-                      memory != "off", lrn.precision, lrn.sharded, "sft" if sft else "policy", packing_mode(cfg),
-                      lrn.compile_mode if lrn.compile else "off")
+    return UpdatePlan(
+        temperature=1.0 if sft else cfg.rollout.temperature, micro_batch_size=lrn.micro_batch_size,
+        max_grad_norm=lrn.max_grad_norm,
+        logp_old="forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
+        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=algo.routing_replay, seed=cfg.run.seed,
+        reference_adapters_off=reference_kind(cfg) == "adapters_off", share_prompts=shares_prompts(cfg),
+        gradient_checkpointing=lrn.gradient_checkpointing,
+        trim_every=EAGER_TRIM_LAYERS if memory == "eager" else 0, release_after_update=memory != "off",
+        precision=lrn.precision, sharded=lrn.sharded, objective="sft" if sft else "policy", packing=packing_mode(cfg),
+        compile=lrn.compile_mode if lrn.compile else "off")
 
 
 def shares_prompts(cfg: Config) -> bool:
@@ -292,21 +300,24 @@ def reference_kind(cfg: Config) -> str:
 def learner_role(cfg: Config) -> LearnerRolePlan:
     lrn = cfg.learner
     sft = cfg.run.stage == "sft"
-    return LearnerRolePlan(process_plan(cfg), policy_plan(cfg), optimizer_plan(cfg), update_plan(cfg), stage_algo(cfg),
-                           reference_kind(cfg), None if sft else lrn.teacher, lrn.data_parallel, lrn.sharded,
-                           where.whole_copy_in_host_memory(cfg), lrn.cpu_offload, lrn.collective_timeout_s,
-                           tuple(lrn.freeze))
+    return LearnerRolePlan(process=process_plan(cfg), policy=policy_plan(cfg), optimizer=optimizer_plan(cfg),
+                           update=update_plan(cfg), algo=stage_algo(cfg), reference=reference_kind(cfg),
+                           teacher=None if sft else lrn.teacher, ranks=lrn.data_parallel, sharded=lrn.sharded,
+                           host_copy=where.whole_copy_in_host_memory(cfg), cpu_offload=lrn.cpu_offload,
+                           collective_timeout_s=lrn.collective_timeout_s, freeze=tuple(lrn.freeze))
 
 
 def engine_plan(cfg: Config) -> EnginePlan:
     r = cfg.rollout
-    return EnginePlan(r.engine, r.quantization, r.max_num_seqs, r.engine_timeout_s, tuple(dict(r.engine_kwargs).items()),
-                      cfg.learner.precision, cfg.run.seed, r.compile)
+    return EnginePlan(name=r.engine, quantization=r.quantization, max_num_seqs=r.max_num_seqs,
+                      timeout_s=r.engine_timeout_s, kwargs=tuple(dict(r.engine_kwargs).items()),
+                      precision=cfg.learner.precision, seed=cfg.run.seed, compile=r.compile)
 
 
 def rollout_role(cfg: Config) -> RolloutRolePlan:
-    return RolloutRolePlan(process_plan(cfg), policy_plan(cfg), engine_plan(cfg), stage_algo(cfg).routing_replay,
-                           cfg.run.release_memory != "off", cfg.rollout.engine == "vllm")
+    return RolloutRolePlan(process=process_plan(cfg), policy=policy_plan(cfg), engine=engine_plan(cfg),
+                           routing_replay=stage_algo(cfg).routing_replay,
+                           release_memory=cfg.run.release_memory != "off", host_copy=cfg.rollout.engine == "vllm")
 
 
 def eval_plan(cfg: Config) -> EvalPlan:
@@ -314,6 +325,6 @@ def eval_plan(cfg: Config) -> EvalPlan:
     rollout.eval_k, else for 1 and n (n = rollout.eval_samples; no pass@k when n = 0)."""
     r = cfg.rollout
     ks = set(r.eval_k) or ({1, r.eval_samples} if r.eval_samples > 0 else set())
-    return EvalPlan(r.eval_max_new_tokens or r.max_new_tokens, r.eval_samples, tuple(sorted(ks)),
-                    r.temperature if r.eval_temperature is None else r.eval_temperature,
-                    r.top_p if r.eval_top_p is None else r.eval_top_p)
+    return EvalPlan(max_new_tokens=r.eval_max_new_tokens or r.max_new_tokens, samples=r.eval_samples,
+                    ks=tuple(sorted(ks)), temperature=r.temperature if r.eval_temperature is None else r.eval_temperature,
+                    top_p=r.top_p if r.eval_top_p is None else r.eval_top_p)

@@ -70,14 +70,16 @@ def train_three_steps(case: tuple, dtype: torch.dtype, micro: int, group: RankGr
     """Weights and update metrics after three update_policy calls (three optimizer steps)."""
     algo = algo_for(*case)
     mode = logp_old_mode(algo, "auto", algo.beta > 0)  # forward (fused) or recompute, as the trainer picks
-    return run_three_steps(algo, LearnerPlan(1.0, micro, 1.0, mode), dtype, group)
+    return run_three_steps(algo, LearnerPlan(temperature=1.0, micro_batch_size=micro, max_grad_norm=1.0,
+                                             logp_old=mode), dtype, group)
 
 
 def train_extra(name: str, group: RankGroup | None) -> dict:
     """:func:`run_three_steps` for one of ``EXTRA_CASES`` (float64, token_mean, pi_old recomputed)."""
     algo_kwargs, plan_kwargs = EXTRA_CASES[name]
     algo = AlgoConfig.preset("grpo", aggregation="token_mean", max_len=T, **algo_kwargs)
-    return run_three_steps(algo, LearnerPlan(1.0, 8, 1.0, "recompute", seed=3, **plan_kwargs), torch.float64, group)
+    return run_three_steps(algo, LearnerPlan(temperature=1.0, micro_batch_size=8, max_grad_norm=1.0,
+                                             logp_old="recompute", seed=3, **plan_kwargs), torch.float64, group)
 
 
 def every_extra(group: RankGroup | None) -> dict:

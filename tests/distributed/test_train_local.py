@@ -98,8 +98,9 @@ def test_max_staleness_0_is_the_synchronous_loop(nano_dir, tmp_path):
     assert any("loss/total" in r for r in records)  # some step trained: the comparison below is not vacuous
     c = assemble(resolve(cfg))  # the same components again, driven by hand
     p = c.learner.parts
-    plan = LearnerPlan(cfg.rollout.temperature, cfg.learner.micro_batch_size, cfg.learner.max_grad_norm,
-                       logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed,
+    plan = LearnerPlan(temperature=cfg.rollout.temperature, micro_batch_size=cfg.learner.micro_batch_size,
+                       max_grad_norm=cfg.learner.max_grad_norm,
+                       logp_old=logp_old_mode(cfg.algo, cfg.learner.logp_old, True), seed=cfg.run.seed,
                        packing=check_packing(cfg.learner.packing, p.model))
     for step in range(1, 4):
         collected = collect(c.engine, c.sampler, c.train, c.scorer, c.collect_plan, c.generator)

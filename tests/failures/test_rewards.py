@@ -52,7 +52,7 @@ def test_failed_samples_are_left_out_of_group_statistics_and_of_the_loss(estimat
     scored = scored_groups(texts)
     assert scored.scored.tolist() == [True, False, True, True, True, False, True, False, True, True, True, False]
     batch, _, _ = prepare(scored, None, None, AlgoConfig.preset("grpo", adv_estimator=estimator),
-                          LearnerPlan(1.0, 4, 1.0, "rollout"))
+                          LearnerPlan(temperature=1.0, micro_batch_size=4, max_grad_norm=1.0, logp_old="rollout"))
     ok = scored.scored
     # an independent computation over the scored samples alone: [1, 3, 4], [0, 2], [5, 5, 6]
     alone = compute_advantages(torch.tensor([1.0, 3, 4, 0, 2, 5, 5, 6]), torch.tensor([0, 0, 0, 1, 1, 2, 2, 2]),

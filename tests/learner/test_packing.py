@@ -149,7 +149,8 @@ def _step(model, batch, **plan):
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     metrics, stepped, _ = optimizer_step(model, opt, batch, AlgoConfig.preset("grpo", beta=0.0, max_len=12),
-                                         LearnerPlan(1.0, 3, 1e9, "recompute", **plan))
+                                         LearnerPlan(temperature=1.0, micro_batch_size=3, max_grad_norm=1e9,
+                                                     logp_old="recompute", **plan))
     assert stepped
     return metrics
 
@@ -314,7 +315,7 @@ def test_the_no_grad_passes_decide_auto_once_for_the_whole_batch(tok):
     b = _mixed_batch(tok)
     r = Rollouts(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.logp_roll, torch.ones(8).bool(),
                  b.group_ids, [""] * 8, list(range(6)))
-    plan = LearnerPlan(1.0, 3, 1e9, "recompute", packing="auto")
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=3, max_grad_norm=1e9, logp_old="recompute", packing="auto")
     assert decided_packing(model, r, plan).packing is False  # [pad, pack, pack] alone; together they pad
     varied = Rollouts(*(x[3:] for x in (b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.logp_roll)),
                       torch.ones(5).bool(), b.group_ids[3:], [""] * 5, list(range(5)))

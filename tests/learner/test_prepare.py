@@ -22,7 +22,8 @@ def test_the_recomputed_and_reference_logprobs_carry_no_graph(grouped_rows):
     model = tiny_model(char_tokenizer(), size="nano", seed=0)
     reference = copy.deepcopy(model).requires_grad_(False)
     algo = AlgoConfig.preset("grpo", beta=0.05)
-    batch, entropy, _ = prepare(scored, model, reference, algo, LearnerPlan(1.0, 4, 1.0, "recompute"))  # both passes
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=4, max_grad_norm=1.0, logp_old="recompute")
+    batch, entropy, _ = prepare(scored, model, reference, algo, plan)  # both passes
     for t in (batch.logp_old, batch.logp_ref, entropy):
         assert t is not None and t.grad_fn is None and not t.requires_grad
     assert batch.logp_old.abs().sum() > 0 and batch.logp_ref.abs().sum() > 0
@@ -40,7 +41,8 @@ def test_the_overlong_filter_and_the_entropy_mask_shape_the_loss_mask():
     entropy = torch.arange(12.0).reshape(n, t)
     with torch.no_grad(), unittest.mock.patch("grpoplus.learner.prepare.learner_logprobs",
                                               lambda *a, **k: (-ones, entropy)):
-        batch, _, metrics = prepare(scored, model, None, algo, LearnerPlan(1.0, 4, 1.0, "recompute"))
+        batch, _, metrics = prepare(scored, model, None, algo, LearnerPlan(temperature=1.0, micro_batch_size=4,
+                                                                           max_grad_norm=1.0, logp_old="recompute"))
     assert batch.loss_mask.bool().tolist() == [[False] * 4, [True] * 4, [False] * 4]
     assert metrics["filter/overlong_frac"] == pytest.approx(1 / 3)
     assert metrics["filter/active_token_frac"] == pytest.approx(4 / 12)

@@ -57,7 +57,8 @@ def train(model, rollouts, mode, *, lr=1e-2, num_minibatches=2, micro=8, micro_t
     """prepare + update_policy with SGD; returns (batch, metrics, router grads of the last step)."""
     algo = AlgoConfig.preset("grpo", beta=0.0, aggregation="token_mean", num_minibatches=num_minibatches,
                              routing_replay=mode, max_len=8)
-    plan = LearnerPlan(1.0, micro, 1e9, logp_old_mode(algo, "auto", False), micro_batch_tokens=micro_tokens,
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=micro, max_grad_norm=1e9, logp_old=logp_old_mode(algo,
+                       "auto", False), micro_batch_tokens=micro_tokens,
                        routing_replay=mode, routing_spec=routing_spec(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

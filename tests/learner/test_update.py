@@ -39,7 +39,7 @@ def _step(model, batch, algo, micro, tokens=0, **step_kwargs):
     hooks = [p.register_post_accumulate_grad_hook(lambda p: captured.__setitem__(p, p.grad.clone()))
              for p in model.parameters()]
     mode = "forward" if batch.logp_old is None else "recompute"
-    plan = LearnerPlan(1.0, micro, 1e9, mode, micro_batch_tokens=tokens)
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=micro, max_grad_norm=1e9, logp_old=mode, micro_batch_tokens=tokens)
     metrics, _, _ = optimizer_step(model, opt, batch, algo, plan, **step_kwargs)
     for h in hooks:
         h.remove()
@@ -196,7 +196,9 @@ def test_adaptive_entropy_control_steps_after_every_optimizer_step():
     control = EntropyControl.from_config(algo)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    result = update_policy(model, opt, sched, _batch(tok), algo, LearnerPlan(1.0, 8, 1.0, "recompute"), control)
+    result = update_policy(model, opt, sched, _batch(tok), algo, LearnerPlan(temperature=1.0, micro_batch_size=8,
+                                                                             max_grad_norm=1.0,
+                                                                             logp_old="recompute"), control)
     assert control.coef == 2 * algo.entropy_coef_delta
     assert 0 < control.last_entropy < 100
     assert result.metrics["entropy/coef"] == control.coef

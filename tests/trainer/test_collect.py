@@ -35,7 +35,8 @@ def flat_every_tenth(rollouts: Rollouts):
 
 
 def _plan(group_filter="dynamic", batch=10, rounds=3):
-    return CollectPlan(SamplingParams(n=2), batch, group_filter, rounds, pad_id=0)
+    return CollectPlan(params=SamplingParams(n=2), prompts_per_step=batch, group_filter=group_filter, max_rounds=rounds,
+                       pad_id=0)
 
 
 def test_next_draw_is_the_shortfall_over_the_kept_fraction():

@@ -278,7 +278,8 @@ def test_gdpo_normalises_each_reward_component_in_its_group():
     # a: [1, 0, 0, 0]; b: [0, 2, 2, 2] x weight 0.5 -> totals [1, 1, 1, 1]: no spread after summing.
     components = {"a": [1.0, 0.0, 0.0, None], "b": [0.0, 2.0, 2.0, 2.0]}
     scored = ScoredGroups(rollouts, torch.ones(n), torch.zeros(n, dtype=torch.bool), components)
-    plan = LearnerPlan(1.0, 8, 1.0, "forward", reward_weights=(("a", 1.0), ("b", 0.5)))
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=8, max_grad_norm=1.0, logp_old="forward",
+                       reward_weights=(("a", 1.0), ("b", 0.5)))
     summed, _, _ = prepare(scored, None, None, AlgoConfig.preset("grpo", beta=0.0), plan)
     gdpo, _, _ = prepare(scored, None, None, AlgoConfig.preset("grpo", beta=0.0, reward_aggregation="gdpo"), plan)
     assert torch.equal(summed.advantages, torch.zeros(n))
@@ -286,7 +287,8 @@ def test_gdpo_normalises_each_reward_component_in_its_group():
     # = [0.75, -0.25, -0.25, -0.25], then whitened: the first response is the best one.
     assert gdpo.advantages[0] > 0 and torch.allclose(gdpo.advantages[1:], gdpo.advantages[1].expand(3))
     token = AlgoConfig.preset("reinforce_pp", adv_whiten="token")
-    whitened, _, _ = prepare(scored, None, None, token, LearnerPlan(1.0, 8, 1.0, "forward"))
+    whitened, _, _ = prepare(scored, None, None, token, LearnerPlan(temperature=1.0, micro_batch_size=8,
+                                                                    max_grad_norm=1.0, logp_old="forward"))
     assert whitened.advantages.shape == (n, 2)  # REINFORCE++ token whitening: one advantage per token
 
 
