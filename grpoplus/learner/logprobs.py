@@ -25,7 +25,7 @@ import torch
 from grpoplus.containers import Rollouts
 from grpoplus.learner.packing import PackedRows, pack_rows, packing_pays
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
-from grpoplus.models.cpu_matmul import is_plain_linear, mm
+from grpoplus.models.cpu_matmul import mm
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
 
@@ -169,7 +169,7 @@ def chunked_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     head = getattr(model, "lm_head", None)
     supported = (getattr(getattr(model, "config", None), "model_type", None) in HEAD_MODEL_TYPES
                  and isinstance(getattr(model, "model", None), torch.nn.Module)
-                 and is_plain_linear(head) and head.bias is None
+                 and type(head) is torch.nn.Linear and head.bias is None
                  and not (head._forward_hooks or head._forward_pre_hooks))
     return head if supported else None
 

@@ -6,15 +6,12 @@ by 576 x 1536 and the like) ran at 80-115 GFLOP/s on one core through MKL and at
 library PyTorch bundles for its CPU inference kernels: 2-2.5x, for the forward product and both backward ones
 (``dX = dY W``, ``dW = dY^T X``), the same numbers to float32 rounding (``benchmarks/cpu_matmul.py``).
 
-:func:`use_cpu_matmul` (the run's process setup) sets the process's mode; :func:`route_linears` makes the layers of one
-model grpoplus loaded send their float32 CPU products to oneDNN: each of its plain ``nn.Linear`` layers becomes a
-:class:`RoutedLinear` (the same parameters, state dict and ``isinstance``), so ``nn.Linear`` itself, and every model
-a library user builds beside grpoplus, keep torch's path. :func:`mm` does the same for the chunked LM head's
-products. A routed product goes to oneDNN (``torch.ops.mkldnn._linear_pointwise``, which reads the weight as it is
-stored: no copy), with a backward of its own of the same products. Everything else keeps torch's path: other
-dtypes, autocast (``learner.precision=bf16_mixed``), GPUs, tensor subclasses (sharded DTensors, 4-bit weights),
-tracing under ``torch.compile``. The mode (``learner.cpu_matmul``): ``auto`` uses oneDNN on AMD x86 CPUs (where it
-was measured faster) and torch's BLAS elsewhere; ``onednn`` and ``torch`` force one.
+:func:`use_cpu_matmul` makes every ``nn.Linear`` of the process (and :func:`mm`, the chunked LM head's products) send
+float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, which reads the weight as it is stored: no
+copy), with a backward of its own of the same products. Everything else keeps torch's path: other dtypes, autocast
+(``learner.precision=bf16_mixed``), GPUs, tensor subclasses (sharded DTensors, 4-bit weights), tracing under
+``torch.compile``. The mode (``learner.cpu_matmul``): ``auto`` uses oneDNN on AMD x86 CPUs (where it was measured
+faster) and torch's BLAS elsewhere; ``onednn`` and ``torch`` force one.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ import torch.nn.functional as F
 from grpoplus.models.device import cpuinfo
 
 MODES = ("auto", "onednn", "torch")
-_state = {"active": False, "set": False}
+_state = {"active": False, "installed": False}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -58,41 +55,23 @@ def resolve(mode: str) -> bool:
 
 
 def use_cpu_matmul(mode: str | None = None) -> bool:
-    """Route the float32 CPU products of routed layers by ``mode`` from now on in this process (None: keep the mode
-    set before, ``auto`` at first); returns whether oneDNN is used. Patches nothing."""
-    if mode is not None or not _state["set"]:
+    """Route float32 CPU linear layers by ``mode`` from now on in this process (None: keep the mode set before,
+    ``auto`` at first); returns whether oneDNN is used. Installs the routing into ``nn.Linear`` once."""
+    if mode is not None or not _state["installed"]:
         _state["active"] = resolve(mode or "auto")
-        _state["set"] = True
+    if not _state["installed"]:
+        torch.nn.Linear.forward = _linear_forward
+        _state["installed"] = True
     return _state["active"]
 
 
 def in_use() -> bool:
-    """Whether this process sends the float32 CPU products of routed layers to oneDNN."""
-    return _state["set"] and _state["active"]
+    """Whether this process's ``nn.Linear`` layers send float32 CPU products to oneDNN."""
+    return _state["installed"] and _state["active"]
 
 
-class RoutedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` whose product goes through :func:`linear`: oneDNN where this process routes it."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-def is_plain_linear(module: torch.nn.Module) -> bool:
-    """An ``nn.Linear`` with torch's product or this module's (not a quantized, adapter or other subclass)."""
-    return type(module) in (torch.nn.Linear, RoutedLinear)
-
-
-def route_linears(model: torch.nn.Module) -> int:
-    """Make each plain ``nn.Linear`` of ``model`` a :class:`RoutedLinear` (subclasses, such as quantized or adapter
-    layers, keep their own forward); returns how many. ``nn.Linear`` and every other model of the process are left
-    as they are; a copy or a pickle of the model stays routed."""
-    routed = 0
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = RoutedLinear
-            routed += 1
-    return routed
+def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
 
 
 def _routed(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.attention import use_cpu_gqa
-from grpoplus.models.cpu_matmul import route_linears
+from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
 
@@ -104,10 +104,10 @@ def load_policy(
 def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | None = None):
     """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
     the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves. Grouped key/value
-    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`); the policy's float32
-    linear layers are multiplied by the library the process's ``learner.cpu_matmul`` names
-    (:mod:`grpoplus.models.cpu_matmul`: this model's layers only)."""
+    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`), float32 linear layers
+    multiplied by the library the process's ``learner.cpu_matmul`` names (:mod:`grpoplus.models.cpu_matmul`)."""
     use_cpu_gqa()
+    use_cpu_matmul()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token
@@ -116,7 +116,6 @@ def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | 
         policy.generation_config.pad_token_id = tokenizer.pad_token_id
     if quantize is not None:
         quantize_base(policy, quantize)
-    route_linears(policy)
     return policy.to(device), tokenizer
 
 

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.models.cpu_matmul import is_plain_linear
-
 BLOCK_SIZES = (64, 32)
 """Block sizes of the 4-bit codes, preferred first: one float32 scale per block (1/16 or 1/8 byte a weight)."""
 
@@ -67,7 +65,7 @@ def quantize_base(model: torch.nn.Module, four_bit: FourBit) -> torch.nn.Module:
 
     head = model.get_output_embeddings()
     quantized = {name: m for name, m in model.named_modules()
-                 if is_plain_linear(m) and m is not head and block_size(m.in_features)}
+                 if type(m) is torch.nn.Linear and m is not head and block_size(m.in_features)}
     kept = [re.escape(name) + "$" for name, m in model.named_modules()  # exact names: patterns match prefixes too
             if isinstance(m, torch.nn.Linear) and name not in quantized]
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=four_bit.quant_type,

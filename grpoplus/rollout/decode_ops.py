@@ -25,12 +25,9 @@ import torch
 from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from grpoplus.models.cpu_matmul import is_plain_linear
-
 # Cache layers that hold a recurrent or convolution state per row (linear attention, Mamba, short convolutions):
 # transformers releases without them have no such layers.
 STATE_LAYERS = tuple(c for c in (getattr(cache_utils, "LinearAttentionCacheLayerMixin", None),) if c is not None)
-
 
 class PreallocatedLayer(DynamicLayer):
     """One layer's KV cache in [rows, kv_heads, capacity, head_dim] buffers filled up to ``length``.
@@ -133,7 +130,7 @@ def packed_linears(model: torch.nn.Module, rows: int, dtype: torch.dtype = torch
     meanwhile; a no-op context without oneDNN or for non-fp32 / non-CPU weights. ``opaque``: through
     :func:`packed_linear`, for a compiled decode step (eagerly, oneDNN's op is called directly: fewer dispatches)."""
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    linears = [m for m in model.modules() if is_plain_linear(m) and m.weight.dtype == torch.float32
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
                and m.weight.device.type == "cpu" and "forward" not in vars(m)]
     return _packed(linears, rows, dtype, opaque) if onednn and linears else nullcontext()
 

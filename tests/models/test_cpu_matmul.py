@@ -6,12 +6,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpoplus.config import build_config
 from grpoplus.learner.logprobs import ChunkedHeadLogProb
 from grpoplus.models import cpu_matmul
-from grpoplus.models.cpu_matmul import RoutedLinear, linear, mm, resolve, route_linears, use_cpu_matmul
+from grpoplus.models.cpu_matmul import linear, mm, resolve, use_cpu_matmul
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch has no oneDNN linear op")
 
@@ -33,7 +33,7 @@ def products(monkeypatch):
 
 def _grads(x_shape, bias, frozen=False, transposed=False):
     torch.manual_seed(0)
-    layer = RoutedLinear(96, 80, bias=bias).requires_grad_(not frozen)
+    layer = torch.nn.Linear(96, 80, bias=bias).requires_grad_(not frozen)
     x = torch.randn(*x_shape[::-1]).T if transposed else torch.randn(*x_shape)
     x.requires_grad_(True)
     out = layer(x)
@@ -65,7 +65,7 @@ def test_onednn_linear_equals_torch_forward_and_backward(mode, products, x_shape
 @needs_onednn
 def test_torch_keeps_what_onednn_must_not_take(mode, products):
     mode("onednn")
-    layer = RoutedLinear(16, 8)
+    layer = torch.nn.Linear(16, 8)
     x = torch.randn(4, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16_mixed: autocast's bf16 product
         assert layer(x).dtype == torch.bfloat16
@@ -85,7 +85,6 @@ def test_a_model_trains_the_same_through_onednn(mode, products):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
-    assert route_linears(model) == 2 * 7 + 1  # each layer's 7 projections and the head
     ids = torch.randint(0, 101, (3, 12), generator=torch.Generator().manual_seed(1))
 
     def loss_and_grads(m):
@@ -123,29 +122,6 @@ def test_the_chunked_heads_products_go_through_onednn_with_the_same_gradients(mo
     for want, have in zip(expected, got):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mm(hidden, weight.T), hidden @ weight.T, rtol=1e-5, atol=1e-5)
-
-
-@needs_onednn
-def test_only_the_models_grpoplus_loads_are_routed_never_torchs_class_or_a_users_model(mode, products, nano_dir):
-    import pickle
-
-    from grpoplus.models.load import load_policy
-
-    forward = torch.nn.Linear.forward
-    mode("onednn")
-    policy, _ = load_policy(nano_dir)
-    assert torch.nn.Linear.forward is forward  # the class is untouched: nothing process-wide
-    routed = [m for m in policy.modules() if isinstance(m, torch.nn.Linear)]
-    assert routed and all(type(m) is RoutedLinear for m in routed)
-    users = torch.nn.Linear(16, 8)  # a model of the user's own, built in the same process
-    users(torch.randn(2, 16))
-    assert products == []
-    policy(input_ids=torch.tensor([[1, 2, 3]]))
-    assert products  # the loaded model's products went to oneDNN
-    copied = pickle.loads(pickle.dumps(copy.deepcopy(policy)))  # a copy (engines) or a pickle (Ray) stays routed
-    assert all(type(m) is RoutedLinear for m in copied.modules() if isinstance(m, torch.nn.Linear))
-    plain = AutoModelForCausalLM.from_pretrained(nano_dir)  # the same model as transformers loads it
-    assert list(policy.state_dict()) == list(plain.state_dict())  # the same state dict as the layers it replaced
 
 
 def test_auto_takes_onednn_on_amd_x86_only(monkeypatch):
@@ -194,7 +170,7 @@ def test_a_second_derivative_through_a_routed_layer_is_torchs(mode):
     def second(mode_name):
         mode(mode_name)
         torch.manual_seed(0)
-        layer = RoutedLinear(8, 4)
+        layer = torch.nn.Linear(8, 4)
         x = torch.randn(3, 8, requires_grad=True)
         (grad,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
         return grad.detach(), torch.autograd.grad(grad.pow(2).sum(), (x, layer.weight))
