@@ -224,7 +224,9 @@ def rules_page() -> str:
     out = ["# Config rules", "", GENERATED_NOTE, "",
            "Every config is checked against these rules when it is built (`grpoplus train`, `--dry-run`, "
            "`grpoplus.Trainer(...)`), in this order, before anything loads: the first rule a config breaks is its "
-           "error, one line naming the keys and the fix. Values nobody gave (defaults, a preset's) are first fitted to "
+           "error, one line naming the keys and the fix (a `grpoplus.config.ConfigError`, a `ValueError`). The algo "
+           "section's own checks (ranges and names of `AlgoConfig`) run as it is built, before these, and name the "
+           "keys the same way (`algo.beta must be >= 0`). Values nobody gave (defaults, a preset's) are first fitted to "
            "the ones given where a combination would otherwise be refused, each with a note on stderr "
            "(`grpoplus.config.rules.fit_defaults`).", "", "`grpoplus.config.rules.RULES`", "",
            "| rule | what it refuses unless it holds |", "|---|---|"]

@@ -8,6 +8,7 @@ from grpoplus.config.sections import (
     BOOL_CHOICES,
     SECTIONS,
     Config,
+    ConfigError,
     DataConfig,
     LearnerConfig,
     RayConfig,
@@ -17,6 +18,6 @@ from grpoplus.config.sections import (
     response_budget,
 )
 
-__all__ = ["BOOL_CHOICES", "SECTIONS", "Config", "DataConfig", "LearnerConfig", "RayConfig", "RolloutConfig", "RunConfig",
-           "build_config", "choices", "describe_keys", "env_of", "field_docs", "parse_override", "response_budget",
-           "resumed_config"]
+__all__ = ["BOOL_CHOICES", "SECTIONS", "Config", "ConfigError", "DataConfig", "LearnerConfig", "RayConfig",
+           "RolloutConfig", "RunConfig", "build_config", "choices", "describe_keys", "env_of", "field_docs",
+           "parse_override", "response_budget", "resumed_config"]

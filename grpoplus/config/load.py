@@ -17,7 +17,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from grpoplus.algo import AlgoConfig
 from grpoplus.config.rules import check, fit_defaults
-from grpoplus.config.sections import BOOL_CHOICES, SECTIONS, Config, response_budget
+from grpoplus.config.sections import BOOL_CHOICES, SECTIONS, Config, ConfigError, response_budget
 
 
 def _field_index() -> dict[str, list[str]]:
@@ -34,16 +34,16 @@ def _resolve_key(key: str) -> tuple[str, str]:
     if "." in key:
         section, _, name = key.partition(".")
         if section not in SECTIONS:
-            raise ValueError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}")
+            raise ConfigError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}")
         if section not in index.get(name, []):
             valid = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
-            raise ValueError(f"unknown config key {key!r}; keys of {section}: {valid}")
+            raise ConfigError(f"unknown config key {key!r}; keys of {section}: {valid}")
         return section, name
     sections = index.get(key)
     if not sections:
-        raise ValueError(f"unknown config key {key!r}; see `grpoplus train --help-config` for the keys")
+        raise ConfigError(f"unknown config key {key!r}; see `grpoplus train --help-config` for the keys")
     if len(sections) > 1:
-        raise ValueError(f"config key {key!r} is ambiguous: write one of {', '.join(s + '.' + key for s in sections)}")
+        raise ConfigError(f"config key {key!r} is ambiguous: write one of {', '.join(s + '.' + key for s in sections)}")
     return sections[0], key
 
 
@@ -78,13 +78,13 @@ def _validate(section: str, name: str, value: Any) -> Any:
     except ValidationError:
         allowed = choices(section, name)
         expected = f"one of {', '.join(map(str, allowed))}" if allowed else f"a valid {getattr(hint, '__name__', hint)}"
-        raise ValueError(f"config key {key}: {value!r} is not {expected}") from None
+        raise ConfigError(f"config key {key}: {value!r} is not {expected}") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``"eps_high=0.3"`` -> ``("eps_high", 0.3)`` with YAML typing of the value."""
     if "=" not in text:
-        raise ValueError(f"override {text!r} is not of the form key=value")
+        raise ConfigError(f"override {text!r} is not of the form key=value")
     key, _, raw = text.partition("=")
     value = yaml.safe_load(raw) if raw.strip() else ""
     return key.strip(), value
@@ -108,7 +108,7 @@ def build_config(preset: str | None = None, yaml_path: str | None = None,
             raise FileNotFoundError(f"config file {yaml_path!r} does not exist")
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"config file {yaml_path!r} must hold a mapping, not {type(loaded).__name__}")
+            raise ConfigError(f"config file {yaml_path!r} must hold a mapping, not {type(loaded).__name__}")
         _merge_yaml(values, loaded)
     for key, value in [parse_override(text) for text in overrides or []] + list((given or {}).items()):
         section, name = _resolve_key(key)
@@ -125,9 +125,9 @@ def build_config(preset: str | None = None, yaml_path: str | None = None,
 def _merge_nested(values: dict, nested: dict, source: str) -> None:
     for section, items in nested.items():
         if section not in SECTIONS:
-            raise ValueError(f"{source}: unknown config section {section!r}; sections: {', '.join(SECTIONS)}")
+            raise ConfigError(f"{source}: unknown config section {section!r}; sections: {', '.join(SECTIONS)}")
         if not isinstance(items, dict):
-            raise ValueError(f"{source}: section {section!r} must be a mapping")
+            raise ConfigError(f"{source}: section {section!r} must be a mapping")
         for name, value in items.items():
             _resolve_key(f"{section}.{name}")
             values[section][name] = value
@@ -147,7 +147,7 @@ def _one_length(values: dict[str, dict[str, Any]]) -> None:
     """algo.max_len and rollout.max_new_tokens are one length: the one given sets the other."""
     algo, rollout = values["algo"], values["rollout"]
     if "max_len" in algo and "max_new_tokens" in rollout and algo["max_len"] != rollout["max_new_tokens"]:
-        raise ValueError(f"algo.max_len={algo['max_len']!r} and rollout.max_new_tokens={rollout['max_new_tokens']!r} "
+        raise ConfigError(f"algo.max_len={algo['max_len']!r} and rollout.max_new_tokens={rollout['max_new_tokens']!r} "
                          "name one length (the longest response) but disagree: set only rollout.max_new_tokens "
                          "(algo.max_len follows it)")
     if "max_len" in algo:
@@ -163,7 +163,10 @@ def _materialise(preset: str, values: dict[str, dict[str, Any]]) -> Config:
     sections = {section: cls(**typed[section]) for section, cls in SECTIONS.items() if cls is not AlgoConfig}
     algo_values = typed["algo"]
     algo_values["max_len"] = response_budget(sections["data"], sections["rollout"])  # one length (_one_length)
-    sections["algo"] = AlgoConfig.preset(preset, **algo_values)
+    try:
+        sections["algo"] = AlgoConfig.preset(preset, **algo_values)
+    except ValueError as err:  # the algo section's own checks name the class's fields: say the user's keys
+        raise ConfigError(str(err).replace("AlgoConfig.", "algo.")) from None
     cfg = Config(**sections)
     fit_defaults(cfg, given={f"{section}.{name}" for section, items in values.items() for name in items})
     check(cfg)

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grpoplus.config.sections import Config, env_of, response_budget
+from grpoplus.config.sections import Config, ConfigError, env_of, response_budget
 
 
 def fit_defaults(cfg: Config, given: set[str]) -> None:
@@ -82,11 +82,11 @@ RULES: list[Rule] = []
 
 
 def rule(name: str) -> Callable:
-    """Register ``fn(cfg)``, which raises a one-line ``ValueError`` (or ``ImportError``) naming the keys and the fix,
-    as the rule ``name``."""
+    """Register ``fn(cfg)``, which raises a one-line :class:`ConfigError` (or ``ImportError``) naming the keys and the
+    fix, as the rule ``name``."""
     def register(fn):
         if any(r.name == name for r in RULES):
-            raise ValueError(f"config rule {name!r} is already registered")
+            raise ConfigError(f"config rule {name!r} is already registered")
         RULES.append(Rule(name, " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()), fn))
         return fn
     return register
@@ -107,15 +107,15 @@ def _positive_sizes(cfg: Config) -> None:
                 "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
     for key, value in positive.items():
         if value < 1:
-            raise ValueError(f"config key {key} must be >= 1, got {value}")
+            raise ConfigError(f"config key {key} must be >= 1, got {value}")
     if cfg.run.traces < 0 or cfg.run.traces_max_mb <= 0:
-        raise ValueError(f"config keys run.traces must be >= 0 (or true/false) and run.traces_max_mb > 0, got "
+        raise ConfigError(f"config keys run.traces must be >= 0 (or true/false) and run.traces_max_mb > 0, got "
                          f"{cfg.run.traces} and {cfg.run.traces_max_mb}")
     if cfg.learner.micro_batch_tokens < 0:
-        raise ValueError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
+        raise ConfigError(f"config key learner.micro_batch_tokens must be >= 0 (0 = by rows), "
                          f"got {cfg.learner.micro_batch_tokens}")
     if cfg.data.max_prompt_tokens is not None and cfg.data.max_prompt_tokens < 1:
-        raise ValueError(f"config key data.max_prompt_tokens must be >= 1 (or null: the model's context minus "
+        raise ConfigError(f"config key data.max_prompt_tokens must be >= 1 (or null: the model's context minus "
                          f"rollout.max_new_tokens), got {cfg.data.max_prompt_tokens}")
 
 
@@ -125,9 +125,9 @@ def _health(cfg: Config) -> None:
     h = cfg.health
     for key in ("stop_after", "preflight_prompts"):
         if getattr(h, key) < 0:
-            raise ValueError(f"config key health.{key} must be >= 0 (0 = off), got {getattr(h, key)}")
+            raise ConfigError(f"config key health.{key} must be >= 0 (0 = off), got {getattr(h, key)}")
     if h.sync_gap_max is not None and not h.sync_gap_max > 0:
-        raise ValueError(f"config key health.sync_gap_max must be > 0 (or null: the precision's bound), got "
+        raise ConfigError(f"config key health.sync_gap_max must be > 0 (or null: the precision's bound), got "
                          f"{h.sync_gap_max}")
 
 
@@ -136,21 +136,21 @@ def _check_lora(cfg: Config) -> None:
     """LoRA's rank, alpha, dropout and target modules are valid, peft is installed, and the run is one process."""
     lr = cfg.learner
     if lr.lora_rank < 0:
-        raise ValueError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
+        raise ConfigError(f"config key learner.lora_rank must be >= 0 (0 = full fine-tuning), got {lr.lora_rank}")
     if lr.lora_rank == 0:
         return
     from grpoplus.models.lora import require_peft
 
     require_peft()
     if lr.lora_alpha <= 0 or not 0.0 <= lr.lora_dropout < 1.0 or not lr.lora_target_modules:
-        raise ValueError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
+        raise ConfigError(f"LoRA needs learner.lora_alpha > 0, 0 <= learner.lora_dropout < 1 and at least one "
                          f"learner.lora_target_modules; got {lr.lora_alpha}, {lr.lora_dropout}, "
                          f"{lr.lora_target_modules}")
     if cfg.algo.ref_reset_every:
-        raise ValueError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
+        raise ConfigError("algo.ref_reset_every moves the KL reference to the policy, but with learner.lora_rank > 0 "
                          "the reference is the base model (adapters off); set ref_reset_every=0 or lora_rank=0")
     if lr.data_parallel > 1 or cfg.run.cluster != "local" or cfg.rollout.max_staleness > 0:
-        raise ValueError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
+        raise ConfigError("learner.lora_rank > 0 trains in one process for now: set learner.data_parallel=1, "
                          "cluster=local and rollout.max_staleness=0, or lora_rank=0 to scale out")
 
 
@@ -165,7 +165,7 @@ def _quantize(cfg: Config) -> None:
     if lrn.quantize == "none":
         return
     if lrn.lora_rank == 0:
-        raise ValueError(f"{what} freezes the base model in 4-bit, so only LoRA adapters can train: set "
+        raise ConfigError(f"{what} freezes the base model in 4-bit, so only LoRA adapters can train: set "
                          "learner.lora_rank > 0 (e.g. 16), or learner.quantize=none")
     require_package("bitsandbytes", what)
     refused = [(r.engine == "vllm", "rollout.engine=vllm", "vLLM would need the adapters merged into the 4-bit "
@@ -176,7 +176,7 @@ def _quantize(cfg: Config) -> None:
                 "set learner.strategy=replicate")]
     for bad, key, why, fix in refused:
         if bad:
-            raise ValueError(f"{what} does not run with {key}: {why}; {fix}, or learner.quantize=none")
+            raise ConfigError(f"{what} does not run with {key}: {why}; {fix}, or learner.quantize=none")
 
 
 @rule("sampler_weights")
@@ -187,13 +187,13 @@ def _sampler_weights(cfg: Config) -> None:
     gpu = lrn.device.startswith("cuda")
     if r.engine == "hf":
         if r.quantization == "fp8":
-            raise ValueError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
+            raise ConfigError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
                              "rollout.quantization=int8 (the hf engine's CPU int8 kernels) or bf16_rounded")
         if r.quantization == "int8" and gpu:
-            raise ValueError(f"rollout.quantization=int8 with rollout.engine=hf uses CPU int8 kernels, but "
+            raise ConfigError(f"rollout.quantization=int8 with rollout.engine=hf uses CPU int8 kernels, but "
                              f"learner.device={lrn.device}: use rollout.engine=vllm with rollout.quantization=int8")
         if r.quantization == "int8" and lrn.precision != "fp32":
-            raise ValueError(f"rollout.quantization=int8 samples with int8 kernels, which do not run under the "
+            raise ConfigError(f"rollout.quantization=int8 samples with int8 kernels, which do not run under the "
                              f"bfloat16 autocast of learner.precision={lrn.precision}: use learner.precision=fp32 "
                              "with it, or rollout.quantization=none")
     if r.engine != "vllm":
@@ -201,13 +201,13 @@ def _sampler_weights(cfg: Config) -> None:
     from grpoplus.rollout.vllm_engine import VLLM_LORA_RANKS  # imports no vllm
 
     if r.quantization == "bf16_rounded":
-        raise ValueError("rollout.quantization=bf16_rounded rounds the hf engine's weights; vLLM samples in bfloat16 "
+        raise ConfigError("rollout.quantization=bf16_rounded rounds the hf engine's weights; vLLM samples in bfloat16 "
                          "itself with learner.precision=bf16_mixed: use that, or rollout.engine=hf")
     if r.quantization in ("int8", "fp8") and lrn.precision == "fp32" and "dtype" not in r.engine_kwargs:
-        raise ValueError(f"rollout.quantization={r.quantization} with rollout.engine=vllm computes in bfloat16, and "
+        raise ConfigError(f"rollout.quantization={r.quantization} with rollout.engine=vllm computes in bfloat16, and "
                          "vLLM refuses it in float32: set learner.precision=bf16_mixed (or rollout.engine_kwargs.dtype)")
     if lrn.lora_rank > VLLM_LORA_RANKS[-1]:
-        raise ValueError(f"rollout.engine=vllm applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
+        raise ConfigError(f"rollout.engine=vllm applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
                          f"learner.lora_rank={lrn.lora_rank}: lower it, or use rollout.engine=hf (merged weights)")
 
 
@@ -216,9 +216,9 @@ def _freeze(cfg: Config) -> None:
     """Frozen parameters are named, and only in full fine-tuning (LoRA already freezes the whole base)."""
     names = cfg.learner.freeze
     if any(not isinstance(n, str) or not n.strip() for n in names):
-        raise ValueError(f"config key learner.freeze takes parameter names or globs, got {names!r}")
+        raise ConfigError(f"config key learner.freeze takes parameter names or globs, got {names!r}")
     if names and cfg.learner.lora_rank > 0:
-        raise ValueError("learner.freeze names parameters kept frozen in full fine-tuning, but with learner.lora_rank > "
+        raise ConfigError("learner.freeze names parameters kept frozen in full fine-tuning, but with learner.lora_rank > "
                          "0 the whole base is frozen and only the adapters train: set freeze=[] (or lora_rank=0)")
 
 
@@ -226,7 +226,7 @@ def _freeze(cfg: Config) -> None:
 def _checkpointing_without_replay(cfg: Config) -> None:
     """Gradient checkpointing recomputes layers in the backward, outside MoE routing replay: not both."""
     if cfg.learner.gradient_checkpointing and cfg.algo.routing_replay != "off":
-        raise ValueError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
+        raise ConfigError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
                          f"algo.routing_replay={cfg.algo.routing_replay} no longer holds the router's choices: "
                          f"turn one of them off")
 
@@ -235,7 +235,7 @@ def _checkpointing_without_replay(cfg: Config) -> None:
 def _packing(cfg: Config) -> None:
     """Packed micro-batches (learner.packing=on) pack the policy's forwards, not the teacher's distillation forward."""
     if cfg.learner.packing == "on" and cfg.run.stage != "sft" and cfg.algo.distill_loss != "off":
-        raise ValueError(f"learner.packing=on packs the policy's forwards, but algo.distill_loss={cfg.algo.distill_loss}"
+        raise ConfigError(f"learner.packing=on packs the policy's forwards, but algo.distill_loss={cfg.algo.distill_loss}"
                          " runs the policy beside its teacher on padded rows: set learner.packing=auto (pads there) or "
                          "off, or algo.distill_loss=off")
 
@@ -245,7 +245,7 @@ def _compile(cfg: Config) -> None:
     """Compiled learner layers (learner.compile) are not run under MoE routing replay, whose hooks act inside the
     layers."""
     if cfg.learner.compile and cfg.algo.routing_replay != "off":
-        raise ValueError(f"learner.compile=true compiles the decoder layers, inside which algo.routing_replay="
+        raise ConfigError(f"learner.compile=true compiles the decoder layers, inside which algo.routing_replay="
                          f"{cfg.algo.routing_replay} replays the router's choices from Python hooks: set one of them off")
 
 
@@ -277,13 +277,13 @@ def _routing_replay(cfg: Config) -> None:
 
     replay = cfg.algo.routing_replay
     if replay == "r2" and cfg.learner.logp_old == "rollout":
-        raise ValueError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
+        raise ConfigError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
                          "learner.logp_old=rollout takes pi_old from the sampler: set learner.logp_old=auto, or "
                          "replay the sampler's routing with algo.routing_replay=r3")
     if replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
         return
     able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
-    raise ValueError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
+    raise ConfigError(f"algo.routing_replay=r3 replays the experts the rollout engine routed each token to, but "
                      f"rollout.engine={cfg.rollout.engine} does not return them here (engines that do: "
                      f"{', '.join(able)}): use one of those, or algo.routing_replay=r2 (the learner's own routing)")
 
@@ -294,15 +294,15 @@ def _sampling_and_rewards(cfg: Config) -> None:
     (not listed in data.rewards as well)."""
     workers = cfg.data.reward_workers
     if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
-        raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
+        raise ConfigError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
     if not 0.0 < cfg.rollout.top_p <= 1.0:
-        raise ValueError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+        raise ConfigError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.rollout.temperature <= 0:
-        raise ValueError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
+        raise ConfigError(f"config key rollout.temperature must be > 0, got {cfg.rollout.temperature}")
     if cfg.learner.lr is not None and cfg.learner.lr <= 0:
-        raise ValueError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
+        raise ConfigError(f"config key learner.lr must be > 0, got {cfg.learner.lr}")
     if cfg.algo.overlong_shaping and "soft_overlong" in _reward_names(cfg.data.rewards):
-        raise ValueError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
+        raise ConfigError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
                          "or set overlong_shaping=false")
 
 
@@ -311,19 +311,19 @@ def _evaluation(cfg: Config) -> None:
     """Held-out sampling is in range, and every pass@k has k <= n = rollout.eval_samples responses to draw from."""
     r = cfg.rollout
     if r.eval_samples < 0:
-        raise ValueError(f"config key rollout.eval_samples must be >= 0 (0 = greedy only), got {r.eval_samples}")
+        raise ConfigError(f"config key rollout.eval_samples must be >= 0 (0 = greedy only), got {r.eval_samples}")
     if r.eval_temperature is not None and r.eval_temperature <= 0:
-        raise ValueError(f"config key rollout.eval_temperature must be > 0 (eval/accuracy is the greedy one), "
+        raise ConfigError(f"config key rollout.eval_temperature must be > 0 (eval/accuracy is the greedy one), "
                          f"got {r.eval_temperature}")
     if r.eval_top_p is not None and not 0.0 < r.eval_top_p <= 1.0:
-        raise ValueError(f"config key rollout.eval_top_p must be in (0, 1], got {r.eval_top_p}")
+        raise ConfigError(f"config key rollout.eval_top_p must be in (0, 1], got {r.eval_top_p}")
     if r.eval_max_new_tokens is not None and r.eval_max_new_tokens < 1:
-        raise ValueError(f"config key rollout.eval_max_new_tokens must be >= 1, got {r.eval_max_new_tokens}")
+        raise ConfigError(f"config key rollout.eval_max_new_tokens must be >= 1, got {r.eval_max_new_tokens}")
     if any(k < 1 for k in r.eval_k):
-        raise ValueError(f"config key rollout.eval_k takes k >= 1 (pass@k of k responses), got {r.eval_k}")
+        raise ConfigError(f"config key rollout.eval_k takes k >= 1 (pass@k of k responses), got {r.eval_k}")
     bad = [k for k in r.eval_k if k > r.eval_samples]
     if bad:
-        raise ValueError(f"rollout.eval_k={r.eval_k} asks pass@k for k={bad[0]} but the estimator draws k of "
+        raise ConfigError(f"rollout.eval_k={r.eval_k} asks pass@k for k={bad[0]} but the estimator draws k of "
                          f"rollout.eval_samples={r.eval_samples} responses (1 <= k <= n): raise eval_samples to "
                          f"{max(bad)} or drop k={bad[0]} from eval_k")
 
@@ -342,7 +342,7 @@ def _rollout_compile(cfg: Config) -> None:
     itself)."""
     r = cfg.rollout
     if r.compile and r.engine != "hf":
-        raise ValueError(f"rollout.compile=true compiles the hf engine's decode step, and rollout.engine={r.engine} "
+        raise ConfigError(f"rollout.compile=true compiles the hf engine's decode step, and rollout.engine={r.engine} "
                          "decodes with its own: set rollout.compile=false, or rollout.engine=hf")
 
 
@@ -352,10 +352,10 @@ def _groups(cfg: Config) -> None:
     at least two responses."""
     _check_group_size(cfg)
     if cfg.algo.num_minibatches > cfg.rollout.prompts_per_step:
-        raise ValueError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
+        raise ConfigError(f"config key algo.num_minibatches={cfg.algo.num_minibatches} exceeds "
                          f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} (a mini-batch needs one group)")
     if cfg.algo.gfpo_keep and cfg.algo.gfpo_keep >= cfg.rollout.group_size:
-        raise ValueError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
+        raise ConfigError(f"config key algo.gfpo_keep={cfg.algo.gfpo_keep} must be below "
                          f"rollout.group_size={cfg.rollout.group_size} (GFPO keeps k of G' responses)")
 
 
@@ -368,29 +368,29 @@ def _check_scale(cfg: Config) -> None:
     for key, value, low in (("learner.data_parallel", lrn.data_parallel, 1), ("rollout.workers", r.workers, 1),
                             ("rollout.max_staleness", r.max_staleness, 0), ("ray.max_restarts", cfg.ray.max_restarts, 0)):
         if value < low:
-            raise ValueError(f"config key {key} must be >= {low}, got {value}")
+            raise ConfigError(f"config key {key} must be >= {low}, got {value}")
     for key, value in (("learner.collective_timeout_s", lrn.collective_timeout_s), ("ray.timeout_s", cfg.ray.timeout_s)):
         if value <= 0:
-            raise ValueError(f"config key {key} must be > 0, got {value}")
+            raise ConfigError(f"config key {key} must be > 0, got {value}")
     if cfg.run.cluster == "local" and r.workers > 1:
-        raise ValueError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
+        raise ConfigError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
     address = cfg.ray.address
     if address not in (None, "auto") and not _host_port(address):
-        raise ValueError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379); leave it unset to "
+        raise ConfigError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379); leave it unset to "
                          "start a local Ray instance")
     if cfg.run.cluster == "ray":
         require_package("ray", "cluster=ray")
     rows, fitting = _rank_micro_batches(cfg)
     if fitting is not None:
-        raise ValueError(f"learner.data_parallel={lrn.data_parallel} ranks take whole micro-batches, but a mini-batch "
+        raise ConfigError(f"learner.data_parallel={lrn.data_parallel} ranks take whole micro-batches, but a mini-batch "
                          f"of {rows} responses makes only {-(-rows // lrn.micro_batch_size)} of "
                          f"learner.micro_batch_size={lrn.micro_batch_size}: lower micro_batch_size to "
                          f"{fitting} or fewer")
     if lrn.cpu_offload and not lrn.sharded:
-        raise ValueError("learner.cpu_offload keeps a sharded learner's shards in CPU memory: it needs "
+        raise ConfigError("learner.cpu_offload keeps a sharded learner's shards in CPU memory: it needs "
                          "learner.strategy=fsdp2 and learner.data_parallel > 1")
     if lrn.cpu_offload and not lrn.device.startswith("cuda"):
-        raise ValueError(f"learner.cpu_offload moves the shards off the GPU, but learner.device={lrn.device} keeps "
+        raise ConfigError(f"learner.cpu_offload moves the shards off the GPU, but learner.device={lrn.device} keeps "
                          "them in CPU memory already: drop learner.cpu_offload")
     if lrn.sharded:
         _check_sharded(cfg)
@@ -415,7 +415,7 @@ def _check_sharded(cfg: Config) -> None:
                (cfg.algo.ref_reset_every > 0, "algo.ref_reset_every", "ref_reset_every=0")]
     for bad, what, fix in refused:
         if bad:
-            raise ValueError(f"learner.strategy=fsdp2 does not run with {what} yet: set {fix}, or "
+            raise ConfigError(f"learner.strategy=fsdp2 does not run with {what} yet: set {fix}, or "
                              "learner.strategy=replicate")
 
 
@@ -443,16 +443,16 @@ def _check_env(cfg: Config) -> None:
     environment or tools named exist (named before anything loads)."""
     r = cfg.rollout
     if r.max_turns < 1 or r.max_episode_tokens < 0 or r.env_timeout_s <= 0 or r.env_patience_s < 0:
-        raise ValueError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
+        raise ConfigError(f"multi-turn limits: rollout.max_turns must be >= 1 (got {r.max_turns}), max_episode_tokens "
                          f">= 0 (got {r.max_episode_tokens}), env_timeout_s > 0 (got {r.env_timeout_s}), "
                          f"env_patience_s >= 0 (got {r.env_patience_s})")
     if cfg.algo.turn_credit != "off" and env_of(cfg.data) is None and cfg.data.prm is None:
-        raise ValueError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
+        raise ConfigError(f"algo.turn_credit={cfg.algo.turn_credit} gives credit turn by turn, but this run is single-turn:"
                          " set data.env (or data.tools), data.prm (step rewards of a process reward model), or "
                          "algo.turn_credit=off")
     _check_prm(cfg)
     if cfg.data.env is not None and cfg.data.tools:
-        raise ValueError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
+        raise ConfigError("data.env and data.tools both name what a rollout plays in: give tools to the environment "
                          "itself (a class's public methods are its tools), or drop data.env")
     if cfg.data.env is not None:
         from grpoplus.envs.base import env_factory
@@ -471,18 +471,18 @@ def _check_teacher(cfg: Config) -> None:
 
     algo, teacher = cfg.algo, cfg.learner.teacher
     if algo.uses_teacher and teacher is None:
-        raise ValueError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
+        raise ConfigError(f"algo.lambda_opd={algo.lambda_opd} / algo.distill_loss={algo.distill_loss} distil from a "
                          "teacher: name one with learner.teacher (bare key teacher=, a model as --model names one)")
     if teacher is not None and not algo.uses_teacher:
-        raise ValueError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
+        raise ConfigError(f"learner.teacher={teacher!r} is loaded for nothing: set algo.lambda_opd > 0 (the teacher's "
                          "token advantage) or algo.distill_loss=reverse_kl|gjsd")
     _builtin_second_model(cfg, "learner.teacher", teacher)
     if algo.distill_loss != "off" and is_endpoint(teacher):
-        raise ValueError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
+        raise ConfigError(f"algo.distill_loss={algo.distill_loss} needs the teacher's full logits, which an endpoint "
                          f"({teacher}) does not send: use algo.lambda_opd with it, or a local teacher")
     if algo.distill_loss != "off" and (cfg.learner.sharded
                                        or algo.routing_replay != "off"):
-        raise ValueError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
+        raise ConfigError(f"algo.distill_loss={algo.distill_loss} runs on replicated learners without routing replay: "
                          "use learner.strategy=replicate and algo.routing_replay=off, or algo.lambda_opd instead")
 
 
@@ -493,10 +493,10 @@ def _builtin_second_model(cfg: Config, key: str, name: str | None) -> None:
     if name is None or not is_builtin(name):
         return
     if cfg.data.data is not None:
-        raise ValueError(f"{key}={name} is a built-in tiny model, warm-started on a built-in task, but this run trains "
+        raise ConfigError(f"{key}={name} is a built-in tiny model, warm-started on a built-in task, but this run trains "
                          f"on data.data={cfg.data.data}: name a model directory (or --model-like name) instead")
     if name == TINY_UNTRAINED:
-        raise ValueError(f"{key}={name} is the tiny model before any training: it knows nothing to teach; name a "
+        raise ConfigError(f"{key}={name} is the tiny model before any training: it knows nothing to teach; name a "
                          "trained model (the built-in tiny-teacher, a model directory)")
 
 
@@ -506,16 +506,16 @@ def _check_prm(cfg: Config) -> None:
     if d.prm is None:
         return
     if cfg.algo.turn_credit not in ("process", "return_to_go"):
-        raise ValueError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
+        raise ConfigError(f"data.prm gives step rewards, which only algo.turn_credit uses (now {cfg.algo.turn_credit}): "
                          "set algo.turn_credit=process")
     if env_of(d) is not None:
-        raise ValueError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
+        raise ConfigError(f"data.prm scores the steps of single-turn responses, but this run is multi-turn "
                          f"(environment {env_of(d)!r}): drop data.prm, or data.env / data.tools")
     if cfg.run.cluster == "ray":
-        raise ValueError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
+        raise ConfigError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
                          "use cluster=local, or drop data.prm")
     if not d.prm_step_separator:
-        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
+        raise ConfigError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
 
 
 def _check_group_size(cfg: Config) -> None:
@@ -525,7 +525,7 @@ def _check_group_size(cfg: Config) -> None:
 
     if cfg.rollout.group_size == 1 and getattr(ADVANTAGES.get(cfg.algo.adv_estimator), "group_relative", False):
         per = ", per reward component (GDPO)," if cfg.algo.reward_aggregation == "gdpo" else ""
-        raise ValueError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: it compares each "
+        raise ConfigError(f"rollout.group_size=1 with adv_estimator={cfg.algo.adv_estimator!r}: it compares each "
                          f"response with the others of its group{per} so a group of one response has advantage 0 "
                          "and nothing is learned; set rollout.group_size >= 2 (8 by default)")
 
@@ -552,26 +552,26 @@ def _supervised_stage(cfg: Config) -> None:
     s = cfg.sft
     for key, value in {"sft.demos_per_step": s.demos_per_step, "sft.demo_samples": s.demo_samples}.items():
         if value < 1:
-            raise ValueError(f"config key {key} must be >= 1, got {value}")
+            raise ConfigError(f"config key {key} must be >= 1, got {value}")
     for key, value in {"sft.eval_demos": s.eval_demos, "sft.max_length": s.max_length}.items():
         if value < 0:
-            raise ValueError(f"config key {key} must be >= 0, got {value}")
+            raise ConfigError(f"config key {key} must be >= 0, got {value}")
     if not 0.0 <= s.direct_frac <= 1.0:
-        raise ValueError(f"config key sft.direct_frac must be in [0, 1], got {s.direct_frac}")
+        raise ConfigError(f"config key sft.direct_frac must be in [0, 1], got {s.direct_frac}")
     if cfg.run.stage != "sft":
         return
     _builtin_second_model(cfg, "sft.demo_model", s.demo_model)
     if s.demos is not None and s.demo_model is not None:
-        raise ValueError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
+        raise ConfigError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
                          "demonstrations: give one")
     from grpoplus.sft.builtin import BUILTIN_DEMOS
 
     if s.demos in BUILTIN_DEMOS and cfg.data.task != BUILTIN_DEMOS[s.demos][0]:
-        raise ValueError(f"sft.demos={s.demos} demonstrates the {BUILTIN_DEMOS[s.demos][0]} task's problems: add "
+        raise ConfigError(f"sft.demos={s.demos} demonstrates the {BUILTIN_DEMOS[s.demos][0]} task's problems: add "
                          f"--task {BUILTIN_DEMOS[s.demos][0]}")
     if cfg.run.cluster == "ray":
-        raise ValueError("run.stage=sft runs on this machine (one process or learner.data_parallel ranks): use "
+        raise ConfigError("run.stage=sft runs on this machine (one process or learner.data_parallel ranks): use "
                          "cluster=local")
     if cfg.learner.teacher is not None:
-        raise ValueError(f"learner.teacher={cfg.learner.teacher!r} distils on-policy in RL; a supervised stage learns "
+        raise ConfigError(f"learner.teacher={cfg.learner.teacher!r} distils on-policy in RL; a supervised stage learns "
                          "from a model's samples with sft.demo_model (grpoplus sft --teacher MODEL)")

@@ -16,6 +16,11 @@ from grpoplus.data.loaders import ANSWER_FORMATS, BAD_ROW_POLICIES
 from grpoplus.learner.precision import PRECISIONS
 
 
+class ConfigError(ValueError):
+    """A config that cannot run, said in one line naming its keys as the user writes them (``algo.beta``, not a
+    class's field) and the fix. A ``ValueError``, so code that catches those keeps working."""
+
+
 @dataclass
 class RunConfig:
     out: str = "runs/demo"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from grpoplus.config import Config
 from grpoplus.dryrun.sizes import ModelSize
 from grpoplus.dryrun.tokens import Tokens
-from grpoplus.plan.placement import shards, whole_copy_in_host_memory
+from grpoplus.plan.placement import on_gpus, shards, whole_copy_in_host_memory
 from grpoplus.plan.run import reference_kind
 
 FP32, GRADIENT, ADAMW = 4, 4, 8
@@ -76,7 +76,7 @@ def _local_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, to
 
 def _ray_devices(cfg: Config, policy: ModelSize, teacher: ModelSize | None, tokens: Tokens) -> list[Device]:
     lrn, r = cfg.learner, cfg.rollout
-    gpu = lrn.device.startswith("cuda")
+    gpu = on_gpus(cfg)
     label = "1 GPU each" if gpu else "cpu (a Ray node's memory)"
     host = gpu and r.engine == "vllm"  # a vLLM worker's own copy stays in host memory, beside vLLM's on the GPU
     engine, aside = engine_items(cfg, policy, own_copy=not host, tokens=tokens, workers=r.workers)
@@ -227,7 +227,7 @@ def _hf(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
         items.append(Item("bf16-rounded copy of the weights (stored fp32)", _bytes(params, FP32)))
     elif r.quantization == "int8":
         items.append(Item("int8 copy of the linear weights", _bytes(linear, 1)))
-    elif not lrn.device.startswith("cuda") and r.engine_kwargs.get("pack_weights", True):
+    elif not on_gpus(cfg) and r.engine_kwargs.get("pack_weights", True):
         size = COMPUTE_DTYPES[lrn.precision].itemsize
         which = "the LM head" if lrn.quantize != "none" else "the linear weights"
         items.append(Item(f"oneDNN's reordered copy of {which}, while sampling", _bytes(linear, size)))
@@ -242,7 +242,7 @@ def _vllm(cfg: Config, policy: ModelSize) -> tuple[list[Item], list[str]]:
     size = VLLM_DTYPE_BYTES.get(dtype, 2)
     base = "base weights" if lrn.lora_rank else "weights"
     items = [Item(f"vLLM's copy of the {base} ({dtype})", _bytes(policy.params, size))]
-    if not lrn.device.startswith("cuda"):
+    if not on_gpus(cfg):
         kv = int(extra.get("kv_cache_memory_bytes", VLLM_CPU_KV_BYTES))
         return items + [Item("vLLM's KV cache (kv_cache_memory_bytes)", kv)], []
     if "kv_cache_memory_bytes" in extra:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpoplus.config import Config, env_of
 from grpoplus.dryrun.sizes import ModelSize
-from grpoplus.plan.placement import whole_copy_in_host_memory
+from grpoplus.plan.placement import on_gpus, whole_copy_in_host_memory
 from grpoplus.plan.run import reference_kind
 
 
@@ -45,7 +45,7 @@ def _device(cfg: Config, rank: int = 0) -> str:
 def _rollout(cfg: Config) -> str:
     r, sharded = cfg.rollout, cfg.learner.sharded
     if cfg.run.cluster == "ray":
-        gpu = "1 GPU each" if cfg.learner.device.startswith("cuda") else "CPU"
+        gpu = "1 GPU each" if on_gpus(cfg) else "CPU"
         return (f"{r.workers} rollout worker(s), Ray actors, each its own {r.engine} engine on its own copy of the "
                 f"policy ({gpu}); weights reach them by ray.weight_sync={cfg.ray.weight_sync}")
     copy = "rank 0's whole-policy copy" if sharded else "the learner's own module"
@@ -57,7 +57,7 @@ def _rollout(cfg: Config) -> str:
 
 def _learner(cfg: Config) -> str:
     lrn, algo = cfg.learner, cfg.algo
-    n, gpu = lrn.data_parallel, lrn.device.startswith("cuda")
+    n, gpu = lrn.data_parallel, on_gpus(cfg)
     if cfg.run.cluster == "ray":
         where = "Ray actors, 1 GPU each" if gpu else "Ray actors, CPU"
     else:
@@ -119,7 +119,7 @@ def machine_needs(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> 
     import torch
 
     lrn, needs = cfg.learner, []
-    if lrn.device.startswith("cuda"):
+    if on_gpus(cfg):
         gpus = torch.cuda.device_count()
         wanted = 1 if cfg.run.cluster == "local" else lrn.data_parallel + cfg.rollout.workers
         if cfg.run.cluster == "ray" and cfg.ray.address is None and wanted > gpus:
@@ -145,7 +145,7 @@ def warnings(cfg: Config, policy: ModelSize, teacher: ModelSize | None) -> list[
     from grpoplus.models.memory import training_bytes
 
     lrn, r, notes = cfg.learner, cfg.rollout, []
-    gpu = lrn.device.startswith("cuda")
+    gpu = on_gpus(cfg)
     if gpu and r.engine == "vllm" and cfg.run.cluster == "local" and not (
             {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(r.engine_kwargs)):
         notes.append("vLLM shares the learner's GPU but rollout.engine_kwargs sets neither gpu_memory_utilization "

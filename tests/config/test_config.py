@@ -264,3 +264,17 @@ def test_vllm_refuses_a_lora_rank_above_its_largest_in_the_config():
     with pytest.raises(ValueError, match=r"^rollout.engine=vllm applies LoRA adapters of rank <= 512, got "
                                          r"learner.lora_rank=513: lower it, or use rollout.engine=hf"):
         build_config(overrides=["rollout.engine=vllm", "lora_rank=513"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["beta=-1"], r"^algo.beta must be >= 0, got -1.0$"),  # the algo section's own check: the user's key
+    (["loss=foo"], r"^algo.loss='foo' is not valid; choose one of: "),
+    (["quantization=fp8"], r"^rollout.quantization=fp8 needs fp8 GPU kernels"),  # a named rule
+    (["beta=x"], r"^config key algo.beta: 'x' is not a valid float$"),  # the key's type
+])
+def test_a_refused_config_is_a_config_error_naming_the_keys_as_the_user_writes_them(overrides, message):
+    from grpoplus.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as raised:
+        build_config(overrides=overrides)
+    assert isinstance(raised.value, ValueError) and "AlgoConfig" not in str(raised.value)
