@@ -42,8 +42,19 @@ def pytest_sessionfinish(session):
         Path(os.environ[SKIPPED_TO]).write_text("".join(f"{nodeid}\n" for nodeid in _skipped))
 
 
+RANKS = ("tests/distributed/", "tests/failures/test_sync_ray.py", "tests/sft/test_stage.py",
+         "tests/teacher/test_local_teacher.py", "tests/trainer/test_api.py")
+"""Test files that start learner ranks, torchrun, Ray or a served model on ports of their own: under pytest-xdist
+(``-n auto --dist loadgroup``) they form one group, run in one worker in the order pytest collects them (as in one
+process), so two of them never pick and bind ports at once, nor meet a process group another file left."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
+    """Tests marked ``gpu`` are skipped where torch sees no CUDA device; the :data:`RANKS` files form one xdist
+    group."""
+    for item in items:
+        if item.nodeid.startswith(RANKS):
+            item.add_marker(pytest.mark.xdist_group("ranks"))
     import torch
 
     if torch.cuda.is_available():

@@ -176,7 +176,7 @@ def test_readme_is_a_landing_page_whose_links_resolve():
     assert lines[2:6] == ["```bash",
                           "pip install torch==2.13.0 && pip install -e . && grpoplus train --preset dapo --task arithmetic"
                           " --out runs/demo",
-                          "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -n auto --dist loadfile",
+                          "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -n auto --dist loadgroup",
                           "```"]
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
         if not target.startswith(("http://", "https://")):
