@@ -86,7 +86,7 @@ def rule(name: str) -> Callable:
     fix, as the rule ``name``."""
     def register(fn):
         if any(r.name == name for r in RULES):
-            raise ConfigError(f"config rule {name!r} is already registered")
+            raise ValueError(f"config rule {name!r} is already registered")  # a bug in grpoplus, not a config
         RULES.append(Rule(name, " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()), fn))
         return fn
     return register
