@@ -13,7 +13,7 @@ Nothing on those pages is copied by hand, so nothing there can drift from the co
 
 A hand-written page can also embed generated tables with an HTML comment (invisible on GitHub):
 ``<!-- config-keys: learner.lora_* -->`` (the reference rows of those keys) and
-``<!-- optional-packages -->`` (``grpoplus.packages.OPTIONAL_PACKAGES``) and ``<!-- selftest-checks -->``
+``<!-- optional-packages -->`` (``grpoplus.core.packages.OPTIONAL_PACKAGES``) and ``<!-- selftest-checks -->``
 (``grpoplus.selftest.CHECKS``: each check of ``grpoplus selftest`` and what it proves).
 
 The pages are added in ``on_files`` as generated files (``File.generated``, MkDocs >= 1.6): nothing
@@ -167,7 +167,7 @@ def _where(obj: object) -> str:
 
 def registries_page() -> str:
     out = ["# Registries", "", GENERATED_NOTE, "",
-           "Every pluggable piece of grpoplus is an entry of a registry (`grpoplus.registry.Registry`); a config "
+           "Every pluggable piece of grpoplus is an entry of a registry (`grpoplus.core.registry.Registry`); a config "
            "names it by its registered name. Below: every built-in entry with the first paragraph of its "
            "docstring. Register your own with `@REGISTRY.register(\"name\")` "
            "([Extend grpoplus](../how-to/extend.md)). Presets: [Presets](presets.md); doctor checks and thresholds: "
@@ -296,8 +296,8 @@ SELFTEST_COMMENT = re.compile(r"^<!-- selftest-checks -->$", re.M)
 
 
 def packages_table() -> str:
-    """``grpoplus.packages.OPTIONAL_PACKAGES`` as a table: the package, what needs it, how to install it."""
-    from grpoplus.packages import OPTIONAL_PACKAGES
+    """``grpoplus.core.packages.OPTIONAL_PACKAGES`` as a table: the package, what needs it, how to install it."""
+    from grpoplus.core.packages import OPTIONAL_PACKAGES
 
     rows = ["| package (import name) | needed by | install |", "|---|---|---|"]
     rows += [f"| `{module}` | {cell(needed_by)} | `{pip}` |" for module, (needed_by, pip) in OPTIONAL_PACKAGES.items()]

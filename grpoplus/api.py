@@ -107,7 +107,7 @@ class Trainer:
 
         writes = any(not isinstance(x, (str, Path)) for x in (model, train_dataset, eval_dataset) if x is not None)
         if writes and not values.get("overwrite", values.get("run.overwrite", False)):
-            from grpoplus.rundir import RunDir
+            from grpoplus.core.rundir import RunDir
 
             RunDir(out).clear(overwrite=False)  # refuses an old run's directory before its inputs/ is written over
         given = {"learner.model": model_path(model, tokenizer, out) if model is not None else None,

@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    from grpoplus.core.packages import install_hint
     from grpoplus.distributed import RoleError
     from grpoplus.metrics.guard import HealthStop
-    from grpoplus.packages import install_hint
     from grpoplus.rewards import RewardError
     from grpoplus.rollout import EngineError
 

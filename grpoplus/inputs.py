@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from grpoplus.registry import Registry, import_object
+from grpoplus.core.registry import Registry, import_object
 
 INPUTS_DIR = "inputs"
 

@@ -20,6 +20,7 @@ from grpoplus.assemble import Components, assemble
 from grpoplus.assemble.learner import RANK_BUILDERS
 from grpoplus.config import Config
 from grpoplus.containers import LearnerTrace, ScoredGroups
+from grpoplus.core.rundir import RunDir
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
 from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
@@ -31,7 +32,6 @@ from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.plan import eval_plan, resolve
 from grpoplus.preflight import Preflight, check_rewards
-from grpoplus.rundir import RunDir
 
 
 @dataclass

@@ -85,7 +85,7 @@ def test_the_configuration_reference_lists_every_key_with_its_section_and_defaul
 
 
 def test_the_registries_reference_lists_every_entry_of_every_registry(site):
-    from grpoplus.registry import Registry
+    from grpoplus.core.registry import Registry
 
     hooks = _hooks()
     listed = hooks.registries()
@@ -139,7 +139,7 @@ def test_the_rules_page_lists_every_config_rule_in_order(site):
 
 
 def test_generated_tables_in_hand_written_pages(site):
-    from grpoplus.packages import OPTIONAL_PACKAGES
+    from grpoplus.core.packages import OPTIONAL_PACKAGES
 
     start = html.unescape(_page(site, "getting-started"))
     for module, (_, pip) in OPTIONAL_PACKAGES.items():

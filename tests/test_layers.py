@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "grpoplus"
-LEAVES = ("algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher", "sft")
+LEAVES = ("core", "algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher", "sft")
 UPPER = ("config", "plan", "assemble", "trainer", "api", "cli", "dryrun", "selftest", "lab")
 
 
@@ -103,6 +103,18 @@ def test_a_leaf_package_never_imports_the_layers_above_it(leaf):
     reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / leaf).rglob("*.py")
                       for t, _, _ in imports(p, top_level_only=False) if unit(t) in UPPER})
     assert reached == []
+
+
+def test_the_shared_core_imports_no_other_package_nor_torch():
+    # grpoplus.core is what every package may import (the registry, the run directory, ...): it stands on the standard
+    # library alone, so the metrics reader and the config stay free of torch and no package it serves is below it
+    reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / "core").rglob("*.py")
+                      for t, _, _ in imports(p, top_level_only=False) if unit(t) != "core"})
+    heavy = sorted(f"{module_name(p)} -> {name}" for p in (ROOT / "core").rglob("*.py")
+                   for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+                   for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+                   if name.split(".")[0] in ("torch", "transformers", "numpy"))
+    assert reached == [] and heavy == []
 
 
 def test_the_dry_run_never_imports_the_assembly():

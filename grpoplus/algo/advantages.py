@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from grpoplus.algo._util import batch_std, dense_groups, group_mean, group_std, group_sum
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 AdvantageFn = Callable[[Tensor, Tensor, int, float], Tensor]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")

@@ -18,7 +18,7 @@ from typing import Callable
 from torch import Tensor
 
 from grpoplus.algo._util import row_count, row_sum
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 
 @dataclass

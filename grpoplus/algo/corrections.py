@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from grpoplus.algo._util import fraction, row_mean, row_sum
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 
 class Correction(NamedTuple):

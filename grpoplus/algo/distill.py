@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 DistillFn = Callable[..., Tensor]
 DISTILL_LOSSES: Registry[DistillFn] = Registry("distillation loss")

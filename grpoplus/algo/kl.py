@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 KLFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")

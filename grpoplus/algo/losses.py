@@ -32,7 +32,7 @@ from torch import Tensor
 
 from grpoplus.algo._util import fraction, masked_mean, row_mean, row_sum
 from grpoplus.algo.covariance import clip_cov_select, kl_cov_select
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 LOSSES: Registry[LossFn] = Registry("policy loss")

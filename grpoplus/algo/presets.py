@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 PRESETS: Registry[dict[str, Any]] = Registry("algorithm preset")
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from grpoplus.config.load import build_config, choices
 from grpoplus.config.sections import SECTIONS, Config
-from grpoplus.fielddocs import field_docs
+from grpoplus.core.fielddocs import field_docs
 
 
 def describe_keys(cfg: Config | None = None) -> str:

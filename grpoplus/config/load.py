@@ -181,7 +181,7 @@ def resumed_config(run_dir: str | Path, overrides: list[str] | tuple = ()) -> Co
     """The config a resumed run takes, the one reader of a run's saved ``config.yaml``: the saved config with
     ``overrides`` on top (e.g. a larger ``max_steps``) and ``run.out`` the run's directory (an override naming
     another is dropped: a resumed run stays where it is)."""
-    from grpoplus.rundir import RunDir
+    from grpoplus.core.rundir import RunDir
 
     path = RunDir(str(run_dir)).config
     if not path.is_file():

@@ -158,7 +158,7 @@ def _check_lora(cfg: Config) -> None:
 def _quantize(cfg: Config) -> None:
     """A 4-bit base (learner.quantize) trains LoRA adapters, with bitsandbytes installed, sampled by the hf engine
     as it is, on an unsharded learner."""
-    from grpoplus.packages import require_package
+    from grpoplus.core.packages import require_package
 
     lrn, r = cfg.learner, cfg.rollout
     what = f"learner.quantize={lrn.quantize}"
@@ -362,7 +362,7 @@ def _groups(cfg: Config) -> None:
 @rule("scale")
 def _check_scale(cfg: Config) -> None:
     """Learner ranks, rollout workers, staleness and the cluster: what can run, before anything starts."""
-    from grpoplus.packages import require_package
+    from grpoplus.core.packages import require_package
 
     r, lrn = cfg.rollout, cfg.learner
     for key, value, low in (("learner.data_parallel", lrn.data_parallel, 1), ("rollout.workers", r.workers, 1),
@@ -430,7 +430,7 @@ def _check_local_devices(device: str, ranks: int) -> None:
     else:
         have, what = len(os.sched_getaffinity(0)), "CPU cores"
     if ranks > have:
-        from grpoplus.needs import unmet  # a dry run for another machine notes it
+        from grpoplus.core.needs import unmet  # a dry run for another machine notes it
 
         unmet(ValueError(f"learner.data_parallel={ranks} needs one device per rank but this machine has {have} "
                          f"{what} (learner.device={device}): lower data_parallel, or run on a Ray cluster "
@@ -531,8 +531,8 @@ def _check_group_size(cfg: Config) -> None:
 
 
 def _check_packages(cfg: Config) -> None:
-    """The optional packages the run needs, checked before a model is loaded (grpoplus.packages)."""
-    from grpoplus.packages import require_package
+    """The optional packages the run needs, checked before a model is loaded (grpoplus.core.packages)."""
+    from grpoplus.core.packages import require_package
 
     model = str(cfg.learner.model or "")  # the engine's package: require_engine
     if model == "smollm2":

@@ -2,7 +2,7 @@
 
 A recipe for a GPU cluster is worth checking before the cluster is booked, often on a machine that has no
 GPU, no vLLM and no Ray. The dry run validates the config as a run does (a bad key or value fails the same
-way), but notes what the machine lacks (:mod:`grpoplus.needs`) instead of stopping; then it shows the
+way), but notes what the machine lacks (:mod:`grpoplus.core.needs`) instead of stopping; then it shows the
 resolved config, where each role would run, the memory each device would hold, and the tokens of a step.
 No weight is read: parameter counts come from config.json / GGUF headers or the table of
 :mod:`grpoplus.dryrun.sizes`.
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import yaml
 
 from grpoplus.config import Config, build_config, resumed_config
+from grpoplus.core.needs import collecting
 from grpoplus.dryrun.memory import Device, estimate_memory
 from grpoplus.dryrun.roles import Role, machine_needs, plan_roles, warnings
 from grpoplus.dryrun.sizes import ModelSize, model_size
 from grpoplus.dryrun.tokens import Tokens, token_budget
-from grpoplus.needs import collecting
 from grpoplus.plan import RunPlan, resolve
 
 

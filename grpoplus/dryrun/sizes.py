@@ -211,9 +211,9 @@ def _smollm2_size() -> ModelSize:
 
 def _on_disk_size(name: str, path: Path) -> ModelSize:
     """A local HF dir (config.json on the meta device) or a .gguf file / a dir holding one (its header)."""
+    from grpoplus.core.needs import unmet
     from grpoplus.models.load import check_architecture
     from grpoplus.models.memory import gguf_parameter_count, hf_parameter_count
-    from grpoplus.needs import unmet
 
     known = find_known(name)
     if path.is_dir() and (path / "config.json").is_file():

@@ -23,7 +23,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from grpoplus.registry import Registry, import_object
+from grpoplus.core.registry import Registry, import_object
 
 Observation = str | dict | list | None
 

@@ -24,8 +24,8 @@ import json
 import operator
 from typing import Any, Callable
 
+from grpoplus.core.registry import Registry, import_object
 from grpoplus.envs.base import StepResult
-from grpoplus.registry import Registry, import_object
 from grpoplus.rewards.tool_calls import CALL, parse_call
 
 RESERVED = {"reset", "step", "close", "get_reward"}  # a tool class's methods that are not tools

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 
 @dataclass(frozen=True)

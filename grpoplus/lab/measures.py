@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from grpoplus.core.registry import Registry
+from grpoplus.core.rundir import RunDir
 from grpoplus.metrics.series import Series, Trace
-from grpoplus.registry import Registry
-from grpoplus.rundir import RunDir
 
 MEASURES: Registry = Registry("lab measure")
 

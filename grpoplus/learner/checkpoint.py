@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
+from grpoplus.core.rundir import RunDir
 from grpoplus.models.lora import ADAPTER_FILE, is_lora, load_adapters
-from grpoplus.rundir import RunDir
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from grpoplus.rundir import RunDir
+from grpoplus.core.rundir import RunDir
 
 from .doctor import Finding, batch_info_from_config, diagnose, parse_thresholds
 from .style import shorten

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from grpoplus.registry import Registry
-from grpoplus.rundir import MLRUNS_DIR, TB_DIR
-from grpoplus.rundir import TRACKERS_FILE as IDS_FILE
+from grpoplus.core.registry import Registry
+from grpoplus.core.rundir import MLRUNS_DIR, TB_DIR
+from grpoplus.core.rundir import TRACKERS_FILE as IDS_FILE
 
 PROJECT = "grpoplus"
 
@@ -64,7 +64,7 @@ def require_loggers(names: Sequence[str]) -> None:
     for name in names:
         module, pip = getattr(LOGGERS.get(name), "requires", (None, None))
         if module is not None and importlib.util.find_spec(module) is None:
-            from grpoplus.needs import unmet
+            from grpoplus.core.needs import unmet
 
             unmet(ImportError(f"run.loggers: {name!r} needs the {module} package, which is not installed: "
                               f"pip install {pip}"))

@@ -14,9 +14,9 @@ import html
 import json
 from pathlib import Path
 
+from grpoplus.core.rundir import RunDir
 from grpoplus.metrics.tracepage_assets import SCRIPT, STYLE
 from grpoplus.metrics.traces import read_trace, traced_steps
-from grpoplus.rundir import RunDir
 
 
 def step_ranges(steps: list[int]) -> str:

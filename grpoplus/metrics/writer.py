@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpoplus.rundir import METRICS_FILE
+from grpoplus.core.rundir import METRICS_FILE
 
 
 def _metrics_path(run_dir: str | os.PathLike) -> Path:

@@ -32,7 +32,7 @@ INSTALL_HINT = "pip install peft (or pip install -e '.[lora]')"
 
 def require_peft() -> None:
     if importlib.util.find_spec("peft") is None:
-        from grpoplus.needs import unmet
+        from grpoplus.core.needs import unmet
 
         unmet(ImportError(f"learner.lora_rank > 0 trains LoRA adapters with the peft package, which is not "
                           f"installed: {INSTALL_HINT}"))

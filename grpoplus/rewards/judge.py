@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from grpoplus.endpoints import EndpointError, api_key, check_url, request_bound, request_json, run_batch, served_model
+from grpoplus.core.endpoints import EndpointError, api_key, check_url, request_bound, request_json, run_batch, served_model
 from grpoplus.rewards.events import Unscored, count_event
 from grpoplus.rewards.pipeline import RewardError
 from grpoplus.rewards.registry import REWARDS

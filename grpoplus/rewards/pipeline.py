@@ -45,7 +45,7 @@ from typing import Callable
 
 import yaml
 
-from grpoplus.registry import import_object
+from grpoplus.core.registry import import_object
 from grpoplus.rewards import events
 from grpoplus.rewards.events import Unscored
 from grpoplus.rewards.pool import Call, KillablePool

@@ -35,7 +35,7 @@ def _resolve(payload: tuple):
     kind, value = payload
     if kind == "pickle":
         return pickle.loads(value)
-    from grpoplus.registry import import_object
+    from grpoplus.core.registry import import_object
 
     return import_object(value)
 

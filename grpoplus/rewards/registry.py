@@ -6,6 +6,6 @@ tokens, ``finished=[...]``, ``tests=[...]``); parameters of a parametrised rewar
 None means "does not apply to this sample".
 """
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 REWARDS: Registry = Registry("reward")

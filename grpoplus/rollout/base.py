@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 from grpoplus.sync import WeightSource
 
 
@@ -88,7 +88,7 @@ def require_engine(name: str) -> None:
     factory = ENGINES.get(name)
     module, hint = getattr(factory, "requires", (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
-        from grpoplus.needs import unmet
+        from grpoplus.core.needs import unmet
 
         unmet(ImportError(f"rollout.engine={name} needs the {module} package, which is not installed: {hint}"))
 

@@ -177,7 +177,7 @@ def _error_line(err: BaseException) -> str:
     """``Type: first line of the message (at file:line)``: where inside grpoplus or torch it was raised; a missing
     package: the ``pip install`` that adds it."""
     if isinstance(err, ImportError):
-        from grpoplus.packages import install_hint
+        from grpoplus.core.packages import install_hint
 
         return install_hint(err)
     first = (str(err).strip().splitlines() or [""])[0]

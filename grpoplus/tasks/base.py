@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from grpoplus.registry import Registry
+from grpoplus.core.registry import Registry
 
 
 @dataclass(frozen=True)

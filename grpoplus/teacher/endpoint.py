@@ -12,7 +12,7 @@ call, with one line naming the url and the cause.
 
 from __future__ import annotations
 
-from grpoplus.endpoints import EndpointError, api_key, check_url, request_bound, request_json, run_batch, served_model
+from grpoplus.core.endpoints import EndpointError, api_key, check_url, request_bound, request_json, run_batch, served_model
 
 
 class EndpointTeacher:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from grpoplus.cli import main
+from grpoplus.core.rundir import RunDir
 from grpoplus.lab import EXPERIMENTS, Arm, Check, Comparison, Experiment, Measure, Rule, run_experiment
 from grpoplus.lab.runner import plan
-from grpoplus.rundir import RunDir
 
 ENTROPY = Measure("tail_mean", "mean policy/entropy_mean over the last third", {"key": "policy/entropy_mean"})
 CLIP = Measure("tail_mean", "mean loss/clip_frac_high over the last third", {"key": "loss/clip_frac_high"})

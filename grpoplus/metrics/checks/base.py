@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
-from grpoplus.fielddocs import field_docs
-from grpoplus.registry import Registry
+from grpoplus.core.fielddocs import field_docs
+from grpoplus.core.registry import Registry
 
 from ..series import Series, Trace
 

@@ -19,10 +19,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the metrics reader imports this module and must stay free of torch
-    from grpoplus.containers import ScoredGroups
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -81,8 +77,9 @@ class RunDir:
             path = self.root / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
-    def write_samples(self, step: int, scored: "ScoredGroups", k: int) -> None:
-        """Append the first ``k`` completions of the step with their reward (null where a reward failed) and verdict."""
+    def write_samples(self, step: int, scored, k: int) -> None:
+        """Append the first ``k`` completions of the step's scored groups (:class:`~grpoplus.containers.ScoredGroups`)
+        with their reward (null where a reward failed) and verdict."""
         r = scored.rollouts
         with open(self.samples, "a") as handle:
             for i in range(min(k, len(r.texts))):
@@ -91,6 +88,6 @@ class RunDir:
                                          "correct": bool(scored.correct[i]), "finished": bool(r.finished[i])}) + "\n")
 
 
-def _reward(scored: "ScoredGroups", i: int) -> float | None:
+def _reward(scored, i: int) -> float | None:
     """Response ``i``'s reward, None where a reward failed on it (no score)."""
     return float(scored.rewards[i]) if bool(scored.scored_mask[i]) else None

@@ -40,9 +40,9 @@ def require_package(module: str, what: str | None = None) -> None:
     Checked with ``importlib.util.find_spec``: nothing is imported, so it is cheap at config time.
     """
     if importlib.util.find_spec(module) is None:
-        from grpoplus.needs import unmet
+        from grpoplus.core.needs import unmet
 
-        unmet(ImportError(missing_message(module, what)))  # a dry run notes it (grpoplus.needs)
+        unmet(ImportError(missing_message(module, what)))  # a dry run notes it (grpoplus.core.needs)
 
 
 def install_hint(err: ImportError) -> str:
