@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--setting", default="default", choices=list(SETTINGS))
     parser.add_argument("--out", default="runs/moe_replay")
     args = parser.parse_args()
-    from grpoplus.warmstart import build_warmstart
+    from grpoplus.sft.warmstart import build_warmstart
 
     model = str(build_warmstart("arithmetic", None, size="moe", seed=0))
     out = Path(args.out)

@@ -23,15 +23,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def warmstart_losses(seed: int, steps: int) -> tuple[list[float], float]:
-    """The warm start's own loop (grpoplus.warmstart.train_sft) and the held-out accuracy it reaches."""
+    """The warm start's own loop (grpoplus.sft.warmstart.train_sft) and the held-out accuracy it reaches."""
     import torch
 
     from grpoplus.evaluation import evaluate
     from grpoplus.models.tiny import tiny_model
     from grpoplus.models.tokenizer import char_tokenizer
     from grpoplus.rollout.hf import HFEngine
+    from grpoplus.sft.warmstart import sft_targets, train_sft
     from grpoplus.tasks import get_task
-    from grpoplus.warmstart import sft_targets, train_sft
 
     task = get_task("arithmetic", seed=seed)
     train = task.split("train")

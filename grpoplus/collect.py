@@ -25,9 +25,9 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.containers import Collected, Rollouts, SamplingParams, ScoredGroups
+from grpoplus.data.order import PromptSampler
 from grpoplus.envs.plan import EpisodePlan
 from grpoplus.metrics.step import reduce_metrics
-from grpoplus.prompts import PromptSampler
 from grpoplus.rollout.base import check_rollouts
 
 

@@ -7,7 +7,7 @@ import torch
 
 from grpoplus.models.tiny import tiny_model
 from grpoplus.rollout import HFEngine, SamplingParams
-from grpoplus.sync import InProcess, StateDict, as_source, load_into, snapshot, tensors
+from grpoplus.rollout.weights import InProcess, StateDict, as_source, load_into, snapshot, tensors
 
 
 def two_policies(tok):
@@ -31,7 +31,7 @@ def test_a_module_is_its_own_source_and_loads_into_itself_unchanged(tok):
     before = copy.deepcopy(learner.state_dict())
     load_into(learner, learner)
     assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())
-    with pytest.raises(TypeError, match="module or a grpoplus.sync source"):
+    with pytest.raises(TypeError, match="module or a grpoplus.rollout.weights source"):
         as_source({"weight": torch.zeros(1)})
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from grpoplus.assemble.factories import build_collect_plan, build_lora, build_process, build_scorer, build_task_and_model
+from grpoplus.data.order import PromptSampler
 from grpoplus.learner.precision import check_precision
 from grpoplus.learner.replay import check_replay
 from grpoplus.plan.run import RunPlan
-from grpoplus.prompts import PromptSampler
 from grpoplus.teacher import check_vocabulary
 
 

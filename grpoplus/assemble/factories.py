@@ -18,12 +18,12 @@ from grpoplus.collect import CollectPlan, collect
 from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.data.lengths import model_context
+from grpoplus.data.order import PromptSampler
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
 from grpoplus.plan.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
-from grpoplus.prompts import PromptSampler
 
 
 def build_process(process: ProcessPlan) -> None:
@@ -89,7 +89,7 @@ def build_policy(policy: PolicyPlan, device: str, trains: bool = True):
     """The policy and its tokenizer, as ``learner.model`` names them, on ``device``; ``trains=False``: a copy that is
     not trained where it is loaded (the load check counts its weights alone)."""
     from grpoplus.models.load import is_builtin, load_policy
-    from grpoplus.warmstart import load_builtin
+    from grpoplus.sft.warmstart import load_builtin
 
     name = policy.model
     with phase(f"loading model {name or f'(built-in tiny model, task {policy.task})'}"):

@@ -18,8 +18,8 @@ import torch
 from grpoplus.assemble.factories import build_collector, build_engine, build_rollout_worker, reward_weights
 from grpoplus.assemble.learner import RANK_BUILDERS, build_learner_rank_parts
 from grpoplus.config import Config
+from grpoplus.data.order import PromptSampler
 from grpoplus.plan.run import LearnerRolePlan, RunPlan
-from grpoplus.prompts import PromptSampler
 
 
 @dataclass
@@ -99,7 +99,7 @@ def place_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collect
     from grpoplus.distributed.ray_learner import RayLearnerGroup
     from grpoplus.distributed.ray_rollout import RayRolloutEngine
     from grpoplus.distributed.ray_scoring import RayScorer
-    from grpoplus.sync import ObjectStore, cpu_state_dict
+    from grpoplus.rollout.weights import ObjectStore, cpu_state_dict
 
     cfg = plan.config
     r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray

@@ -34,7 +34,7 @@ from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.update import update_policy
 from grpoplus.models.memory import give_back_freed_memory
-from grpoplus.sync import InProcess, gather_into
+from grpoplus.rollout.weights import InProcess, gather_into
 
 
 @dataclass

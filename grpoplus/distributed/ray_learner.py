@@ -22,7 +22,7 @@ from grpoplus.distributed.learner import Learner, RankBuilders, follow
 from grpoplus.distributed.ray_cluster import role_resources, wait
 from grpoplus.distributed.weight_sync import Broadcast, WeightGroup
 from grpoplus.plan.run import LearnerRolePlan
-from grpoplus.sync import Collective, ObjectStore, cpu_state_dict
+from grpoplus.rollout.weights import Collective, ObjectStore, cpu_state_dict
 
 
 @ray.remote

@@ -33,7 +33,7 @@ from grpoplus.distributed.ray_cluster import RoleDied, role_resources, wait
 from grpoplus.distributed.weight_sync import WeightGroup, cannot_restart
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.plan.run import RolloutRolePlan
-from grpoplus.sync import Collective, InProcess, ObjectStore, StateDict, as_source, cpu_state_dict
+from grpoplus.rollout.weights import Collective, InProcess, ObjectStore, StateDict, as_source, cpu_state_dict
 
 
 @ray.remote
@@ -73,7 +73,7 @@ class RolloutWorker:
 class RayRolloutEngine:
     """K rollout workers as one rollout engine.
 
-    ``sync_weights`` takes any :mod:`grpoplus.sync` source: an object-store reference to the learner's state
+    ``sync_weights`` takes any :mod:`grpoplus.rollout.weights` source: an object-store reference to the learner's state
     dict (how learner rank 0 hands them over on Ray; a source in this process is put there), or the
     broadcast of ``collective`` weight sync; workers take them before their next request.
     """

@@ -29,9 +29,9 @@ model class and configuration (:func:`sharded_twin`), shards it, allocates only 
 receives them from rank 0, one tensor at a time (``set_model_state_dict(broadcast_from_rank0=True)``).
 The frozen reference of ``beta > 0`` is sharded the same way. Rank 0 alone holds the policy whole:
 the model it loaded becomes its plain copy (the *mirror*): the in-process engine samples
-with it, checkpoints write it, and after every update it is refreshed one tensor at a time
-(each gathered whole from its shards, so the extra memory is one tensor: :func:`grpoplus.sync.gather_into`). A checkpoint's
-optimizer state - twice the weights with AdamW - is never gathered: every rank writes its own
+with it, checkpoints write it, and after every update it is refreshed one tensor at a time (each
+gathered whole from its shards, so the extra memory is one tensor: :func:`grpoplus.rollout.weights.gather_into`). A
+checkpoint's optimizer state - twice the weights with AdamW - is never gathered: every rank writes its own
 shards with ``torch.distributed.checkpoint`` (:func:`save_optimizer_shards`), and any strategy
 or number of ranks reads them back (:func:`grpoplus.learner.checkpoint.load_optimizer`).
 """

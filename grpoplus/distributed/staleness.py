@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 
 from grpoplus.containers import Collected, Rollouts, SamplingParams
-from grpoplus.prompts import PromptSampler
-from grpoplus.sync import StateDict, snapshot
+from grpoplus.data.order import PromptSampler
+from grpoplus.rollout.weights import StateDict, snapshot
 
 
 def position(sampler: PromptSampler, generator: torch.Generator) -> dict:

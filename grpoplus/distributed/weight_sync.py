@@ -117,7 +117,7 @@ class WeightGroup:
 class Broadcast:
     """The driver's handle on the group: one sync is learner rank 0's send and every worker's receive.
 
-    Learner targets take it as a :class:`grpoplus.sync.Collective` source (``sync_weights``).
+    Learner targets take it as a :class:`grpoplus.rollout.weights.Collective` source (``sync_weights``).
     """
 
     def __init__(self, sender, workers: list, wait_s: float):

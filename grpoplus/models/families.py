@@ -1,6 +1,6 @@
 """Tiny randomly initialised models of the architectures users train in 2026, built from transformers' own config
 classes: the architecture matrix's models (tests/models/test_architectures.py) and the built-in ``tiny-<type>``
-policies (warm-started like the tiny Llama: :mod:`grpoplus.warmstart`).
+policies (warm-started like the tiny Llama: :mod:`grpoplus.sft.warmstart`).
 
 Every family gets the same small body (:data:`SIZES`: attention heads 32 wide, as vLLM's CPU kernels need) and its
 own distinguishing parts at toy scale: experts, multi-head latent attention, a layer pattern that mixes its layer

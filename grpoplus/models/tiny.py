@@ -21,7 +21,7 @@ SIZES: dict[str, dict] = {
     # learns the arithmetic task in fewer CPU-seconds (a step costs ~1/3), which is what the
     # 10-minute budget of the demo run (warm start + RL on 2 cores) needs.
     "small": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=3),
-    # ~1.8M parameters: the built-in teacher (grpoplus.warmstart.teacher_recipe), stronger than "small" on the
+    # ~1.8M parameters: the built-in teacher (grpoplus.sft.warmstart.teacher_recipe), stronger than "small" on the
     # same character tokenizer, for distillation into the default policy.
     "medium": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6),
 }

@@ -16,7 +16,7 @@ import torch
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.core.registry import Registry
-from grpoplus.sync import WeightSource
+from grpoplus.rollout.weights import WeightSource
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class RolloutEngine(Protocol):
         continues from the ids it holds: nothing is re-tokenized)."""
 
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
-        """Load the learner's current weights from any :mod:`grpoplus.sync` source (a module is ``InProcess``);
+        """Load the learner's current weights from any :mod:`grpoplus.rollout.weights` source (a module is ``InProcess``);
         ``version`` is tagged on later rollouts."""
 
     def offload(self) -> None:

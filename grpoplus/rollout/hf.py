@@ -29,7 +29,7 @@ from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, static_refu
 from grpoplus.rollout.decode_ops import PreallocatedLayer, expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
-from grpoplus.sync import WeightSource, module_of
+from grpoplus.rollout.weights import WeightSource, module_of
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -234,7 +234,7 @@ class HFEngine:
             routing_spec(self.merged if self.merged is not None else model)  # ValueError: the model has no MoE router
 
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
-        """Load the learner's weights (any :mod:`grpoplus.sync` source): share a module in this process itself,
+        """Load the learner's weights (any :mod:`grpoplus.rollout.weights` source): share a module in this process itself,
         or make a new low-precision copy of it; other sources are copied into the module the engine was built
         on. A LoRA policy is sampled through a plain module whose adapted weights are re-merged here (W + delta W);
         one on a 4-bit base (learner.quantize) through its own module, adapters on."""

@@ -39,7 +39,7 @@ from grpoplus.rollout.base import (
     require_engine,
 )
 from grpoplus.rollout.hf import pad_right, stop_token_ids
-from grpoplus.sync import WeightSource, as_source, module_of, tensors
+from grpoplus.rollout.weights import WeightSource, as_source, module_of, tensors
 
 QUANTIZATIONS = {"none": None, "int8": "int8_per_channel_weight_only", "fp8": "fp8_per_channel"}
 """grpoplus name -> vLLM ``quantization`` (on-the-fly quantization of the loaded weights; vLLM runs
@@ -242,7 +242,7 @@ class VLLMEngine:
             policy_version=self.version)
 
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
-        """Load the learner's weights (any :mod:`grpoplus.sync` source) through vLLM's in-place reload path (a
+        """Load the learner's weights (any :mod:`grpoplus.rollout.weights` source) through vLLM's in-place reload path (a
         LoRA policy: its adapters alone, as a new adapter, saved from the policy module; a source outside this
         process's modules is first copied into the module the engine was built on), then drop the prefix cache."""
         source = as_source(weights)

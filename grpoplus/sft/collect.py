@@ -10,7 +10,7 @@ import time
 import torch
 
 from grpoplus.containers import Collected, Rollouts, ScoredGroups
-from grpoplus.prompts import PromptSampler
+from grpoplus.data.order import PromptSampler
 from grpoplus.sft.demos import Demo
 
 

@@ -156,7 +156,7 @@ def function_calling(difficulty: int = 2, seed: int = 0, n_train: int = 1500, n_
     return SyntheticTask("function_calling", difficulty, train, test, function_calling_reward, function_call_target)
 
 
-# the built-in model's warm start (grpoplus.warmstart): sequences about 5x arithmetic's, so smaller supervised steps
+# the built-in model's warm start (grpoplus.sft.warmstart): sequences about 5x arithmetic's, so smaller supervised steps
 # (about 3.5 minutes on two idle CPU cores); it starts at 4% greedy accuracy on the held-out split (pass@4 6%)
 function_calling.sft_steps = 600
 function_calling.sft_batch_size = 32

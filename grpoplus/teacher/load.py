@@ -39,7 +39,7 @@ def load_model(spec: str, device: str | torch.device, task: str | None, difficul
     from grpoplus.models.load import is_builtin, load_policy
 
     if is_builtin(spec):
-        from grpoplus.warmstart import load_builtin
+        from grpoplus.sft.warmstart import load_builtin
 
         return load_builtin(spec, task, difficulty, device=device)
     return load_policy(spec, device=device, trains=False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpoplus.containers import Collected, Rollouts, ScoredGroups
+from grpoplus.data.order import PromptSampler
 from grpoplus.distributed.staleness import BoundedStaleness
-from grpoplus.prompts import PromptSampler
 
 
 class FakeEngine:

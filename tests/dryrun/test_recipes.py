@@ -148,7 +148,7 @@ def test_the_dry_run_loads_no_weight_and_starts_nothing(monkeypatch):
     import transformers
 
     import grpoplus.models.load as load
-    import grpoplus.warmstart as warmstart
+    import grpoplus.sft.warmstart as warmstart
 
     def refuse(*args, **kwargs):
         raise AssertionError("a dry run loaded or started something")

@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray", reason="cluster=ray needs ray: pip install -e '
 from grpoplus.cli import main  # noqa: E402
 from grpoplus.distributed import ray_rollout  # noqa: E402
 from grpoplus.metrics import read_metrics  # noqa: E402
-from grpoplus.sync import ObjectStore, as_source  # noqa: E402
+from grpoplus.rollout.weights import ObjectStore, as_source  # noqa: E402
 
 SPREAD = "def spread(prompts, completions, **fields):\n    return [len(set(c)) / 10 for c in completions]\n"
 SMALL = ["--preset", "grpo", "prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=4",

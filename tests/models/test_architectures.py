@@ -24,8 +24,8 @@ from grpoplus.models.routing import record_routing, replay_routing
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout import SamplingParams
 from grpoplus.rollout.hf import decode
+from grpoplus.sft.warmstart import build_warmstart
 from grpoplus.trainer import train
-from grpoplus.warmstart import build_warmstart
 
 SHARP = 0.5  # initializer_range
 # fp32 rounding of logits of this magnitude (measured at most 4e-5 over the matrix): a wrong row's state or a leaked

@@ -4,11 +4,11 @@ import importlib.util
 import pytest
 import torch
 
-import grpoplus.warmstart as warmstart
+import grpoplus.sft.warmstart as warmstart
 from grpoplus.models.load import load_policy
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
-from grpoplus.warmstart import build_warmstart, load_builtin
+from grpoplus.sft.warmstart import build_warmstart, load_builtin
 
 
 def test_local_hf_dir_round_trip(tmp_path):
@@ -61,7 +61,7 @@ def test_non_gguf_file(tmp_path):
 def test_none_needs_a_task():
     with pytest.raises(ValueError, match="built-in task"):
         load_builtin(None, None)
-    with pytest.raises(ValueError, match="names a built-in tiny model: grpoplus.warmstart.load_builtin loads it"):
+    with pytest.raises(ValueError, match="names a built-in tiny model: grpoplus.sft.warmstart.load_builtin loads it"):
         load_policy(None)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
 
-import grpoplus.warmstart as warmstart
+import grpoplus.sft.warmstart as warmstart
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
 from grpoplus.models.moe import MOE_SIZES, balance_loss_while_training, tiny_moe_config
 from grpoplus.models.routing import routing_spec
@@ -15,7 +15,7 @@ from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout.base import SamplingParams
 from grpoplus.rollout.hf import HFEngine
-from grpoplus.warmstart import build_warmstart, encode_sft, load_builtin
+from grpoplus.sft.warmstart import build_warmstart, encode_sft, load_builtin
 
 
 @pytest.fixture(autouse=True)

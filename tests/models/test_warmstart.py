@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import grpoplus.warmstart as warmstart
+import grpoplus.sft.warmstart as warmstart
 from grpoplus.models.tokenizer import char_tokenizer
-from grpoplus.warmstart import REQUIRED_FILES, build_warmstart, encode_sft, warmstart_dir, warmstart_recipe
+from grpoplus.sft.warmstart import REQUIRED_FILES, build_warmstart, encode_sft, warmstart_dir, warmstart_recipe
 
 QUICK = dict(size="nano", steps=3, batch_size=4)
 

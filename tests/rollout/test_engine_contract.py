@@ -13,8 +13,8 @@ import torch
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
 from grpoplus.models.tiny import tiny_model
 from grpoplus.rollout import ENGINES, EngineOptions, SamplingParams
+from grpoplus.sft.warmstart import sft_targets, train_sft
 from grpoplus.tasks import get_task
-from grpoplus.warmstart import sft_targets, train_sft
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ENGINE_NAMES = [pytest.param(name, marks=pytest.mark.skipif(name == "vllm" and not HAS_VLLM,

@@ -103,8 +103,8 @@ def test_its_checkpoint_is_a_model_rl_takes(tmp_path):
 
 @pytest.mark.slow
 def test_off_policy_distillation_trains_on_the_teachers_correct_samples(tmp_path):
+    from grpoplus.sft.warmstart import build_warmstart
     from grpoplus.tasks import get_task
-    from grpoplus.warmstart import build_warmstart
 
     teacher = build_warmstart("arithmetic")
     run = sft_trainer(tmp_path / "opd", max_steps=2, teacher=str(teacher), prompts_per_step=64, demo_samples=2,

@@ -198,7 +198,7 @@ def test_the_distillation_loss_accumulated_over_micro_batches_is_the_whole_batch
 def test_the_builtin_teacher_is_loaded_on_the_runs_task_with_the_policys_tokenizer(tok, sharp_teacher_dir, monkeypatch):
     """tiny-teacher names a built-in model: check_vocabulary reads the character tokenizer, and the teacher loaded
     is the built-in teacher's warm start of the run's task (the medium model, seed 0 whatever the run's)."""
-    import grpoplus.warmstart as warmstart
+    import grpoplus.sft.warmstart as warmstart
     from grpoplus.teacher import check_vocabulary
 
     check_vocabulary("tiny-teacher", tok)  # no error: the same character tokenizer

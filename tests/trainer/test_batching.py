@@ -2,8 +2,8 @@
 
 import torch
 
+from grpoplus.data.order import PromptSampler
 from grpoplus.metrics.step import reduce_metrics
-from grpoplus.prompts import PromptSampler
 from grpoplus.tasks.base import Example, is_correct, reward_fields
 
 

@@ -4,7 +4,7 @@ import torch
 
 from grpoplus.collect import CollectPlan, collect, next_draw
 from grpoplus.containers import Rollouts, SamplingParams, ScoredGroups
-from grpoplus.prompts import PromptSampler
+from grpoplus.data.order import PromptSampler
 from grpoplus.tasks.base import Example
 
 

@@ -71,7 +71,7 @@ def as_source(weights) -> WeightSource:
         return InProcess(weights)
     if isinstance(weights, WeightSource):
         return weights
-    raise TypeError(f"weights to sync must be a module or a grpoplus.sync source, not {type(weights).__name__}")
+    raise TypeError(f"weights to sync must be a module or a grpoplus.rollout.weights source, not {type(weights).__name__}")
 
 
 def tensors(source: WeightSource) -> Iterator[tuple[str, torch.Tensor]]:

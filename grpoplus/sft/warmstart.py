@@ -11,7 +11,7 @@ tokenizer, safetensors) under::
 written to a temporary dir first and renamed into place, so a killed build never leaves
 a cache that looks complete. Same recipe and seed -> same weights. Rebuild with::
 
-    python -m grpoplus.warmstart --task arithmetic
+    python -m grpoplus.sft.warmstart --task arithmetic
 """
 
 from __future__ import annotations
