@@ -158,7 +158,7 @@ def build_rewards(cfg: Config, task):
 def build_scorer(cfg: Config, task, train: list, tokenizer):
     """The run's scorer: the reward pipeline, and the process reward model of ``data.prm`` (on ``learner.device``)
     whose step scores are the step rewards of ``algo.turn_credit``."""
-    from grpoplus.scoring import Scorer
+    from grpoplus.collect.scoring import Scorer
 
     prm = None
     if cfg.data.prm is not None:

@@ -2,7 +2,7 @@
 
 The task builds the reward pipeline once per Ray worker process (the same components,
 ``data.reward_workers`` pool and ``data.reward_timeout_s`` as in one process) and scores
-with the same :class:`~grpoplus.scoring.Scorer`, so the rewards and their metrics are those
+with the same :class:`~grpoplus.collect.scoring.Scorer`, so the rewards and their metrics are those
 one process computes; scoring runs off the driver, beside the rollout workers.
 """
 
@@ -18,8 +18,8 @@ _SCORERS: dict[str, object] = {}  # per Ray worker process: spec key -> Scorer
 
 @ray.remote(max_retries=0)
 def score(key: str, spec: tuple, rollouts: Rollouts) -> tuple[ScoredGroups, dict[str, float]]:
+    from grpoplus.collect.scoring import Scorer
     from grpoplus.rewards import RewardPipeline
-    from grpoplus.scoring import Scorer
 
     if key not in _SCORERS:
         components, examples, workers, timeout_s = spec

@@ -18,7 +18,7 @@ A trajectory ends, with the reason recorded (``env/ended/<reason>``), when
 - ``context``: an observation would overflow the budget or the engine's context;
 - ``error`` / ``timeout`` / ``malformed``: the environment raised, did not answer within ``timeout_s``, or
   answered something that is not a step result. Counted, never a crash and never a hang; the trajectory has no
-  score (:mod:`grpoplus.scoring`: left out of its group's statistics and of the loss, as a failed reward's sample).
+  score (:mod:`grpoplus.collect.scoring`: left out of its group's statistics and of the loss, as a failed reward's sample).
 
 Environment tokens are attended to but carry no loss (``Rollouts.model_mask``); nothing sampled is re-tokenized.
 """

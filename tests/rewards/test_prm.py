@@ -11,6 +11,7 @@ from transformers import LlamaForTokenClassification, PreTrainedTokenizerFast
 
 from grpoplus.algo import AlgoConfig
 from grpoplus.cli import main
+from grpoplus.collect.scoring import Scorer
 from grpoplus.config import build_config
 from grpoplus.containers import Rollouts
 from grpoplus.learner.prepare import turn_advantages
@@ -19,7 +20,6 @@ from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rewards import RewardComponent, RewardPipeline
 from grpoplus.rewards import prm as prm_module
 from grpoplus.rewards.prm import ProcessRewardModel, split_steps
-from grpoplus.scoring import Scorer
 from grpoplus.tasks.base import Example
 
 CHAR = char_tokenizer()

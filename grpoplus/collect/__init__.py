@@ -1,4 +1,5 @@
-"""Collection: prompts -> rollouts -> scored groups, with the group filters of ALGORITHMS.md section 6.
+"""Collection: prompts -> rollouts -> scored groups, with the group filters of ALGORITHMS.md section 6 (the rewards of
+the rollouts through the reward pipeline: :mod:`grpoplus.collect.scoring`).
 
 One call draws ``prompts_per_step`` prompts, samples ``G`` responses each with the rollout
 engine, scores them, and applies the group filter:
