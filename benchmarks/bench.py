@@ -41,7 +41,7 @@ def _median(records: list[dict], key: str) -> float | None:
 
 def run_default(steps: int, extra: list[str]) -> dict:
     from grpoplus.config import build_config
-    from grpoplus.trainer import train
+    from grpoplus.loop.driver import train
 
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config("dapo", overrides=[f"out={out}", f"max_steps={steps}", "eval_every=0", "save_every=0",
@@ -82,8 +82,8 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
     from trl_peer import peer_model  # noqa: E402 (benchmarks/ is not a package)
 
     from grpoplus.config import build_config
+    from grpoplus.loop.driver import train
     from grpoplus.models.tokenizer import char_tokenizer
-    from grpoplus.trainer import train
 
     torch.set_num_threads(threads)
     tok = char_tokenizer()

@@ -271,7 +271,7 @@ def run_grpoplus(a: argparse.Namespace, overrides: list[str]) -> dict:
 
 
 def grpoplus_steps(a: argparse.Namespace, cfg, c, overrides: list[str]) -> dict:
-    from grpoplus.trainer import train_step
+    from grpoplus.loop.driver import train_step
 
     times, steps = [], []
     for step in range(1, a.steps + 1):

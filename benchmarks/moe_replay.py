@@ -97,7 +97,7 @@ def summarise(records: list[dict]) -> dict[str, float]:
 
 def run_arm(name: str, seed: int, steps: int, model: str, out: Path, setting: list[str]) -> dict[str, float]:
     from grpoplus.config import build_config
-    from grpoplus.trainer import train
+    from grpoplus.loop.driver import train
 
     preset, overrides = ARMS[name]
     cfg = build_config(preset, overrides=[*overrides, *COMMON, *setting, f"max_steps={steps}", f"seed={seed}",

@@ -194,8 +194,8 @@ def split_profile(events) -> dict:
 def run_step(data: str, steps: int, profile: bool, preset: str | None, overrides: list[str]) -> None:
     from grpoplus.assemble import assemble
     from grpoplus.config import build_config
+    from grpoplus.loop.driver import train_step
     from grpoplus.plan import resolve
-    from grpoplus.trainer import train_step
 
     cfg = build_config(preset, overrides=[
         f"model={MODEL}", f"data={data}", "prompt_field=question", "answer_field=answer", "answer_format=gsm8k",

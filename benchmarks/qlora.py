@@ -57,9 +57,9 @@ def run_variant(variant: str, model: str, steps: int, warmup: int, threads: int,
     """One variant in this process: its record (see the module docstring)."""
     from grpoplus.assemble import assemble
     from grpoplus.config import build_config
+    from grpoplus.loop.driver import train_step
     from grpoplus.models.memory import give_back_freed_memory
     from grpoplus.plan import resolve
-    from grpoplus.trainer import train_step
 
     cfg = build_config("dapo", overrides=[
         f"model={model}", "task=wordproblems", "difficulty=1", "rewards=[task,gsm8k_format:0.2]",

@@ -26,7 +26,7 @@ def warmstart_losses(seed: int, steps: int) -> tuple[list[float], float]:
     """The warm start's own loop (grpoplus.sft.warmstart.train_sft) and the held-out accuracy it reaches."""
     import torch
 
-    from grpoplus.evaluation import evaluate
+    from grpoplus.loop.evaluation import evaluate
     from grpoplus.models.tiny import tiny_model
     from grpoplus.models.tokenizer import char_tokenizer
     from grpoplus.rollout.hf import HFEngine

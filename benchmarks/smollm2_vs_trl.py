@@ -143,8 +143,8 @@ def run_trl(model_dir: str, steps: int, warmup: int) -> dict:
 def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) -> dict:
     from grpoplus.assemble import assemble
     from grpoplus.config import build_config
+    from grpoplus.loop.driver import train_step
     from grpoplus.plan import resolve
-    from grpoplus.trainer import train_step
 
     cfg = build_config("dapo", overrides=[
         f"model={model_dir}", "task=wordproblems", f"prompts_per_step={PROMPTS}", f"group_size={GROUP}",

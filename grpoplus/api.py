@@ -139,7 +139,7 @@ class Trainer:
 
     def train(self) -> TrainResult:
         """Run (or resume) the training; returns the records it wrote, the run directory and the config."""
-        from grpoplus.trainer import train
+        from grpoplus.loop.driver import train
 
         records = train(self.config, resume=getattr(self, "_resume", False), callbacks=self.callbacks)
         return TrainResult(Path(self.config.run.out), records, self.config)

@@ -48,7 +48,7 @@ def _add_eval(sub) -> None:
 
 def _eval(args) -> int:
     from grpoplus.config import build_config, describe_keys
-    from grpoplus.trainer import evaluate_only
+    from grpoplus.loop.driver import evaluate_only
 
     cfg = build_config(args.preset, args.config, flag_overrides(args))
     if args.help_config:
@@ -99,7 +99,7 @@ def _train(args) -> int:
         from grpoplus.dryrun import print_dry_run
         return print_dry_run(args.preset, args.config, overrides, args.resume)
     if args.check:
-        from grpoplus.trainer import check_only
+        from grpoplus.loop.driver import check_only
         return check_only(build_config(args.preset, args.config, overrides))
     if args.resume:
         if args.preset or args.config:

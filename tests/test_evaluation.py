@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpoplus.containers import Rollouts
-from grpoplus.evaluation import evaluate
+from grpoplus.loop.evaluation import evaluate
 from grpoplus.tasks.base import Example
 
 
@@ -77,7 +77,7 @@ def test_a_run_evaluates_at_rollout_eval_temperature_not_the_rollouts():
     from types import SimpleNamespace
 
     from grpoplus.config import build_config
-    from grpoplus.trainer import run_eval
+    from grpoplus.loop.driver import run_eval
 
     cfg = build_config(overrides=["temperature=1.2", "top_p=0.95", "eval_temperature=0.3", "eval_samples=4",
                                   "eval_k=2", "max_new_tokens=9"])

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "grpoplus"
 LEAVES = ("core", "algo", "learner", "rollout", "rewards", "envs", "models", "tasks", "data", "metrics", "teacher", "sft")
-UPPER = ("config", "plan", "assemble", "trainer", "api", "cli", "dryrun", "selftest", "lab")
+UPPER = ("config", "plan", "assemble", "loop", "api", "cli", "dryrun", "selftest", "lab")
 
 
 def module_name(path: Path) -> str:
@@ -135,7 +135,7 @@ def test_past_the_edge_nothing_builds_a_config():
 
 
 def test_the_plan_loads_and_starts_nothing():
-    starters = ("assemble", "distributed", "rollout", "learner", "teacher", "trainer")
+    starters = ("assemble", "distributed", "rollout", "learner", "teacher", "loop")
     reached = []
     for path in (ROOT / "plan").rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -152,7 +152,7 @@ def test_the_checks_find_what_they_look_for():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     found = {(m, name) for m, name, _ in imports(ROOT / "metrics" / "checks" / "offpolicy.py", top_level_only=True)}
     assert {("grpoplus.metrics.checks.base", "CHECKS"), ("grpoplus.metrics.series", "Trace")} <= found
-    assert unit("grpoplus.learner.update") == "learner" and unit("grpoplus.trainer") == "trainer"
+    assert unit("grpoplus.learner.update") == "learner" and unit("grpoplus.loop.driver") == "loop"
 
 
 def test_the_layout_page_names_every_package_and_module_of_the_tree():

@@ -97,7 +97,7 @@ def execute(experiment: Experiment, out: str | Path, seeds: int = 3, steps: int 
     from grpoplus.config import build_config
 
     if train_fn is None:
-        from grpoplus.trainer import train as train_fn
+        from grpoplus.loop.driver import train as train_fn
     jobs = [(arm, seed, build_config(arm.preset or experiment.preset, overrides=[*LAB_SETTINGS, *o]))
             for arm, seed, o in plan(experiment, out, seeds, steps, extra)]
     runs: Runs = {arm.name: {} for arm in experiment.arms}

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from grpoplus.config import build_config, resumed_config
 from grpoplus.learner.checkpoint import latest_checkpoint
+from grpoplus.loop.driver import train
 from grpoplus.selftest.runner import CheckFailed, Context, check
-from grpoplus.trainer import train
 
 QUIET = ["progress=false", "loggers=[]", "doctor_every=0", "log_samples=0"]
 MAIN_JOB_STEPS, QUICK_STEPS = 60, 30

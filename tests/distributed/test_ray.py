@@ -17,8 +17,8 @@ ray = pytest.importorskip("ray", reason="cluster=ray needs ray: pip install -e '
 
 from grpoplus.config import build_config  # noqa: E402
 from grpoplus.learner import checkpoint as ckpt  # noqa: E402
+from grpoplus.loop.driver import train  # noqa: E402
 from grpoplus.metrics import read_metrics  # noqa: E402
-from grpoplus.trainer import train  # noqa: E402
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "threads=1", "micro_batch_size=2", "doctor_every=0", "save_every=2",

@@ -18,9 +18,9 @@ from grpoplus.collect import collect
 from grpoplus.config import build_config
 from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.learner.update import update_policy
+from grpoplus.loop.driver import train
 from grpoplus.metrics import read_metrics
 from grpoplus.plan.run import logp_old_mode
-from grpoplus.trainer import train
 
 KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N
 

@@ -16,8 +16,8 @@ from grpoplus.assemble import assemble  # noqa: E402
 from grpoplus.config import build_config  # noqa: E402
 from grpoplus.distributed.group import RoleError, free_port  # noqa: E402
 from grpoplus.distributed.weight_sync import WeightGroup  # noqa: E402
+from grpoplus.loop.driver import train, train_step  # noqa: E402
 from grpoplus.plan import resolve  # noqa: E402
-from grpoplus.trainer import train, train_step  # noqa: E402
 
 TWO_WORKERS = ("cluster=ray", "rollout.workers=2", "learner.data_parallel=1")
 

@@ -8,8 +8,8 @@ import pytest
 from grpoplus.config import build_config
 from grpoplus.envs.guess import GuessNumber, GuessTask, last_guess
 from grpoplus.envs.render import CHAR_MARKUP
+from grpoplus.loop.driver import train
 from grpoplus.tasks import get_task, without_prompts
-from grpoplus.trainer import train
 
 
 def _transcript(turns) -> str:

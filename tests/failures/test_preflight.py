@@ -2,8 +2,8 @@
 completions before training starts, and ``grpoplus train --check`` runs that preflight alone."""
 
 from grpoplus.cli import main
+from grpoplus.loop.preflight import reward_findings
 from grpoplus.metrics import read_metrics
-from grpoplus.preflight import reward_findings
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=4", "eval_samples=0",
          "progress=false", "loggers=[]", "micro_batch_size=8", "threads=1"]

@@ -44,7 +44,7 @@ def lora_nano(tok):
 def three_steps(out, *overrides: str) -> list[dict]:
     """The step records (with a loss) of a three-step GRPO run of the built-in task on a tiny budget, in ``out``."""
     from grpoplus.config import build_config
-    from grpoplus.trainer import train
+    from grpoplus.loop.driver import train
 
     cfg = build_config("grpo", overrides=[
         f"out={out}", "max_steps=3", "prompts_per_step=2", "group_size=4", "max_new_tokens=12", "eval_size=2",

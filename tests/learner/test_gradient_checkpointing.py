@@ -9,8 +9,8 @@ from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
+from grpoplus.loop.driver import train_step
 from grpoplus.plan import resolve
-from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)

@@ -12,8 +12,8 @@ from grpoplus.config import build_config
 from grpoplus.learner.checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.trimming import trimmed_backward
+from grpoplus.loop.driver import train_step
 from grpoplus.plan import resolve
-from grpoplus.trainer import train_step
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -59,10 +59,10 @@ def test_only_eager_release_trims_in_the_backward(mode, every):
 def test_phases_give_back_after_the_rollout_and_on_the_learner_rank_after_the_update(mode, expected, tmp_path,
                                                                                     monkeypatch):
     import grpoplus.distributed.learner as learner_mod
-    import grpoplus.trainer as trainer_mod
+    import grpoplus.loop.driver as driver
 
     calls = []
-    monkeypatch.setattr(trainer_mod, "give_back_freed_memory", lambda: calls.append("rollout"))
+    monkeypatch.setattr(driver, "give_back_freed_memory", lambda: calls.append("rollout"))
     monkeypatch.setattr(learner_mod, "give_back_freed_memory", lambda: calls.append("update"))
     cfg = build_config("grpo", overrides=[f"out={tmp_path}", "prompts_per_step=4", "group_size=4", "max_new_tokens=8",
                                           "eval_size=4", "progress=false", "loggers=[]", "doctor_every=0", "threads=1",

@@ -17,9 +17,9 @@ from grpoplus.assemble import assemble
 from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.learner.prepare import learner_logprobs
+from grpoplus.loop.driver import run_step
 from grpoplus.metrics.traces import read_trace, thin, trace_path, trace_rows, traced_steps
 from grpoplus.plan import resolve
-from grpoplus.trainer import run_step
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "doctor_every=0", "micro_batch_size=8", "threads=1"]

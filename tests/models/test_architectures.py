@@ -18,6 +18,7 @@ from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpoi
 from grpoplus.learner.logprobs import HEAD_MODEL_TYPES, chunked_head, response_logprobs
 from grpoplus.learner.packing import PACKED_MODEL_TYPES, check_packing
 from grpoplus.learner.replay import check_replay, moe_spec
+from grpoplus.loop.driver import train
 from grpoplus.models.families import FAMILIES, VLLM, tiny_family_model
 from grpoplus.models.load import builtin_family, is_builtin, load_hf_dir, load_policy
 from grpoplus.models.routing import record_routing, replay_routing
@@ -25,7 +26,6 @@ from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.rollout import SamplingParams
 from grpoplus.rollout.hf import decode
 from grpoplus.sft.warmstart import build_warmstart
-from grpoplus.trainer import train
 
 SHARP = 0.5  # initializer_range
 # fp32 rounding of logits of this magnitude (measured at most 4e-5 over the matrix): a wrong row's state or a leaked

@@ -6,10 +6,10 @@ import torch
 
 from grpoplus.assemble import assemble
 from grpoplus.config import build_config
+from grpoplus.loop.driver import train_step
 from grpoplus.models.freeze import freeze, matches
 from grpoplus.models.tiny import tiny_model
 from grpoplus.plan import resolve
-from grpoplus.trainer import train_step
 
 SMALL = ["prompts_per_step=8", "group_size=4", "max_new_tokens=8", "eval_size=4", "eval_samples=1", "progress=false",
          "loggers=[]", "doctor_every=0", "micro_batch_size=8", "num_minibatches=1", "threads=1"]

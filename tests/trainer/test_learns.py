@@ -9,7 +9,7 @@ points, too close to the noise of 200 held-out problems for a test that must hol
 import pytest
 
 from grpoplus.config import build_config
-from grpoplus.trainer import train
+from grpoplus.loop.driver import train
 
 
 @pytest.mark.slow

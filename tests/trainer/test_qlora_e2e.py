@@ -7,8 +7,8 @@ import torch
 
 from grpoplus.assemble import assemble
 from grpoplus.config import build_config
+from grpoplus.loop.driver import train_step
 from grpoplus.plan import resolve
-from grpoplus.trainer import train_step
 
 from .conftest import assert_adapter_run_resumes_exactly
 

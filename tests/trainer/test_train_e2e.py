@@ -294,7 +294,7 @@ def test_gdpo_normalises_each_reward_component_in_its_group():
 
 def test_progress_bar_shows_the_step_0_accuracy_from_step_1_on():
     from grpoplus.config import build_config
-    from grpoplus.trainer import Progress
+    from grpoplus.loop.driver import Progress
 
     progress = Progress(build_config("dapo", overrides=["progress=false"]), start=0)
     progress.update(0, {"eval/accuracy": 0.25})
@@ -326,13 +326,13 @@ def test_a_missing_optional_package_is_one_line_before_any_work(tmp_path, capsys
 @pytest.mark.parametrize("module, install", [("ray", "pip install -e '.[ray]'"), ("peft", "pip install -e '.[lora]'")])
 def test_a_package_imported_late_is_still_one_line_naming_the_install(nano_dir, tmp_path, capsys, monkeypatch,
                                                                        module, install):
-    import grpoplus.trainer
+    import grpoplus.loop.driver
 
     def assemble_needing(cfg):
         __import__(module)
 
     monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.setattr(grpoplus.trainer, "assemble", assemble_needing)
+    monkeypatch.setattr(grpoplus.loop.driver, "assemble", assemble_needing)
     assert _train("--model", nano_dir, "--out", str(tmp_path / "run"), *SMALL) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"needs the {module} package, which is not installed: {install}" in err, err

@@ -22,8 +22,9 @@ from grpoplus.config import Config
 from grpoplus.containers import LearnerTrace, ScoredGroups
 from grpoplus.core.rundir import RunDir
 from grpoplus.distributed.local import follow_torchrun, torchrun_follower
-from grpoplus.evaluation import evaluate
 from grpoplus.learner import checkpoint as ckpt
+from grpoplus.loop.evaluation import evaluate
+from grpoplus.loop.preflight import Preflight, check_rewards
 from grpoplus.metrics import LiveDoctor, MetricsWriter, batch_info_from_config, read_metrics
 from grpoplus.metrics.guard import GuardPlan, HealthGuard, HealthStop
 from grpoplus.metrics.step import entropy_metrics, rollout_metrics
@@ -31,7 +32,6 @@ from grpoplus.metrics.traces import TraceWriter
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
 from grpoplus.plan import eval_plan, resolve
-from grpoplus.preflight import Preflight, check_rewards
 
 
 @dataclass
@@ -160,7 +160,7 @@ def evaluate_only(cfg: Config) -> dict:
 
 
 def preflight(cfg: Config, c: Components) -> Preflight:
-    """The rewards on real completions of the first training prompts, before step 1 (:mod:`grpoplus.preflight`); a
+    """The rewards on real completions of the first training prompts, before step 1 (:mod:`grpoplus.loop.preflight`); a
     supervised stage has no rewards to check."""
     if cfg.run.stage != "rl" or not cfg.health.preflight_prompts:
         return Preflight()
