@@ -51,7 +51,7 @@ def warmstart_losses(seed: int, steps: int) -> tuple[list[float], float]:
 
 def stage_losses(seed: int, steps: int) -> tuple[list[float], float]:
     """``grpoplus sft --model tiny-untrained`` with the warm start's recipe."""
-    from grpoplus.api import SFTTrainer
+    from grpoplus.entry.api import SFTTrainer
 
     with tempfile.TemporaryDirectory() as out:
         result = SFTTrainer("tiny-untrained", out=out, seed=seed, max_steps=steps, demos_per_step=64, lr=3e-3,

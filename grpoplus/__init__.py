@@ -3,7 +3,7 @@
     from grpoplus import Trainer
     result = Trainer(model="smollm2", train_dataset=rows, reward_funcs=["math"], max_steps=50).train()
 
-(:mod:`grpoplus.api`; imported on first use, so ``import grpoplus`` and the command line stay light.)
+(:mod:`grpoplus.entry.api`; imported on first use, so ``import grpoplus`` and the command line stay light.)
 """
 
 __version__ = "0.1.0"
@@ -16,7 +16,7 @@ _LAZY = ("SFTTrainer", "Trainer", "TrainResult", "train")
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from grpoplus import api
+        from grpoplus.entry import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'grpoplus' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from grpoplus.cli import entry
+from grpoplus.entry.cli import entry
 
 entry()

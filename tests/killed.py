@@ -6,8 +6,8 @@ import os
 import signal
 import sys
 
-from grpoplus.api import Trainer
-from grpoplus.cli import main
+from grpoplus.entry.api import Trainer
+from grpoplus.entry.cli import main
 
 
 def kill_at(step: int):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
+from grpoplus.entry.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

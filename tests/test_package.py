@@ -74,4 +74,4 @@ def test_the_wheel_version_is_the_package_version_and_it_names_the_command(wheel
     assert fields["Version"] == grpoplus.__version__
     assert meta == f"grpoplus-{grpoplus.__version__}.dist-info/METADATA"
     entry = wheel.read(meta.replace("METADATA", "entry_points.txt")).decode()
-    assert "grpoplus = grpoplus.cli:entry" in entry  # cli.entry: main, then the exit (see its docstring)
+    assert "grpoplus = grpoplus.entry.cli:entry" in entry  # cli.entry: main, then the exit (see its docstring)

@@ -202,7 +202,7 @@ def test_token_whitening_and_gdpo_are_valid_where_they_act():
 
 def test_every_preset_says_what_it_sets_and_whose_recipe_it_is(capsys):
     from grpoplus.algo.presets import PAPERS, PRESETS, describe
-    from grpoplus.cli import main
+    from grpoplus.entry.cli import main
 
     assert set(PAPERS) == set(PRESETS.names())  # a new preset must name its paper
     assert main(["presets"]) == 0

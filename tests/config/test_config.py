@@ -252,7 +252,7 @@ def test_what_an_engine_or_the_cluster_would_refuse_minutes_later_is_refused_by_
 
 
 def test_the_dry_run_refuses_a_sampler_the_engine_cannot_run(capsys):
-    from grpoplus.cli import main
+    from grpoplus.entry.cli import main
 
     assert main(["train", "--dry-run", "quantization=int8", "precision=bf16_mixed"]) == 2
     err = capsys.readouterr().err

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.distributed.local import torchrun_follower
+from grpoplus.entry.cli import main
 from grpoplus.plan import resolve
 
 

@@ -11,8 +11,8 @@ from bounded import run_bounded
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 
 KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N

@@ -39,7 +39,7 @@ def test_the_entry_point_exits_with_the_commands_status_past_a_stuck_teardown():
               "group._TEARDOWN['stalled'] = True\n"
               "threading.Thread(target=threading.Event().wait).start()\n"
               "sys.argv = ['grpoplus', 'presets']\n"
-              "from grpoplus.cli import entry\n"
+              "from grpoplus.entry.cli import entry\n"
               "entry()\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
@@ -53,7 +53,7 @@ def test_without_a_stalled_teardown_the_entry_point_exits_as_python_does():
     script = ("import threading, sys\n"
               "threading.Thread(target=threading.Event().wait).start()\n"
               "sys.argv = ['grpoplus', 'presets']\n"
-              "from grpoplus.cli import entry\n"
+              "from grpoplus.entry.cli import entry\n"
               "entry()\n")
     try:
         subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=15,

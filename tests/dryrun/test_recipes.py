@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.dryrun import dry_run
 from grpoplus.dryrun.sizes import KNOWN
+from grpoplus.entry.cli import main
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 QWEN7B = 7_615_616_512  # Qwen2.5-7B-Instruct (test_known_architectures_are_the_published_models checks it)

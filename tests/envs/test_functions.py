@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.containers import SamplingParams
+from grpoplus.entry.cli import main
 from grpoplus.envs.base import ENVS
 from grpoplus.envs.episodes import EpisodeLimits, run_episodes
 from grpoplus.envs.functions import FunctionCallEnv

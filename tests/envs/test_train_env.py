@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 
 SMALL = ["prompts_per_step=4", "group_size=2", "max_new_tokens=6", "eval_size=4", "eval_samples=0",

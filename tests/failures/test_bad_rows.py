@@ -3,7 +3,7 @@ in one line under data.on_bad_row=error), and chat rows given as --data are name
 
 import json
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.sft.source import file_demos
 
 

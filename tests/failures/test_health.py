@@ -3,7 +3,7 @@ kept; a run whose every completion is cut is named at once, by the run and by th
 
 import pytest
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.learner.checkpoint import latest_checkpoint
 from grpoplus.metrics import read_metrics
 

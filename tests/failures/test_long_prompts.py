@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.data.lengths import prompt_limit
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_model
 from grpoplus.plan.data import fit_prompt_lengths

@@ -1,7 +1,7 @@
 """The failure gallery, before step 1: a reward that fails or cannot tell completions apart is named on real
 completions before training starts, and ``grpoplus train --check`` runs that preflight alone."""
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.loop.preflight import reward_findings
 from grpoplus.metrics import read_metrics
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpoplus.algo import AlgoConfig, compute_advantages, dynamic_sampling_keep
-from grpoplus.cli import main
 from grpoplus.containers import Rollouts, ScoredGroups
+from grpoplus.entry.cli import main
 from grpoplus.learner.prepare import LearnerPlan, prepare
 from grpoplus.metrics import read_metrics
 from grpoplus.rewards import RewardComponent, RewardPipeline

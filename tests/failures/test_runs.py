@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.metrics.traces import read_trace, traced_steps
 from grpoplus.models.tokenizer import char_tokenizer

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.rollout.hf import HFEngine
 

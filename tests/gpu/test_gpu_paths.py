@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpoplus.cli import main
 from grpoplus.distributed.placement import ShardHooks
 from grpoplus.distributed.sharding import model_spec, sharded_twin
+from grpoplus.entry.cli import main
 from grpoplus.learner.checkpoint import latest_checkpoint
 from grpoplus.learner.hooks import ONE_PROCESS
 from grpoplus.learner.precision import lower_frozen_linears, set_tf32

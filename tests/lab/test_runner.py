@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.core.rundir import RunDir
+from grpoplus.entry.cli import main
 from grpoplus.lab import EXPERIMENTS, Arm, Check, Comparison, Experiment, Measure, Rule, run_experiment
 from grpoplus.lab.runner import plan
 

@@ -14,8 +14,8 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.assemble import assemble
-from grpoplus.cli import main
 from grpoplus.config import build_config
+from grpoplus.entry.cli import main
 from grpoplus.learner.prepare import learner_logprobs
 from grpoplus.loop.driver import run_step
 from grpoplus.metrics.traces import read_trace, thin, trace_path, trace_rows, traced_steps

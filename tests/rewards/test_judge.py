@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import grpoplus.rewards.judge as judge_module
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.rewards import RewardError, RewardPipeline, events, parse_reward_specs
 from grpoplus.rewards.events import Unscored

@@ -10,10 +10,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import LlamaForTokenClassification, PreTrainedTokenizerFast
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.cli import main
 from grpoplus.collect.scoring import Scorer
 from grpoplus.config import build_config
 from grpoplus.containers import Rollouts
+from grpoplus.entry.cli import main
 from grpoplus.learner.prepare import turn_advantages
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tokenizer import char_tokenizer

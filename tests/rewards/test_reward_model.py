@@ -9,8 +9,8 @@ import torch
 import transformers
 from transformers import LlamaForSequenceClassification
 
-from grpoplus.cli import main
 from grpoplus.config import build_config
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_config
 from grpoplus.models.tokenizer import char_tokenizer

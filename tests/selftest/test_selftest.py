@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.selftest import CHECKS, fixtures
 from grpoplus.selftest.runner import Check, CheckFailed, CheckSkipped, run_checks
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpoplus.cli import main
 from grpoplus.data import load_records
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tokenizer import ALPHABET
 from grpoplus.tasks import get_task

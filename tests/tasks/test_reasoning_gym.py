@@ -65,7 +65,7 @@ def test_the_final_answer_rule_and_the_errors():
 
 
 def test_a_reasoning_gym_data_set_trains_from_the_command_line(nano_dir, tmp_path):
-    from grpoplus.cli import main
+    from grpoplus.entry.cli import main
     from grpoplus.metrics import read_metrics
 
     out = tmp_path / "rg"

@@ -118,7 +118,7 @@ def test_a_served_teacher_scores_rollouts_as_the_same_model_in_process(vllm_serv
 
 
 def test_distillation_from_a_served_copy_of_the_student_starts_at_zero_kl(vllm_server, tmp_path):
-    from grpoplus.cli import main
+    from grpoplus.entry.cli import main
     from grpoplus.metrics import read_metrics
 
     out = tmp_path / "run"

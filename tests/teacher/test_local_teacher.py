@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from grpoplus.algo import reverse_kl
-from grpoplus.cli import main
 from grpoplus.config import build_config
 from grpoplus.containers import SamplingParams
+from grpoplus.entry.cli import main
 from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast

@@ -133,7 +133,7 @@ def test_the_config_dict_and_keywords_set_keys_as_the_command_line_does(tmp_path
 
 
 def test_torch_values_in_rows_are_written_as_numbers(tmp_path):
-    from grpoplus.inputs import dataset_path
+    from grpoplus.entry.inputs import dataset_path
 
     path = dataset_path([{"prompt": "1+1=", "answer": torch.tensor(2)}], tmp_path, "train")
     assert json.loads(open(path).read()) == {"prompt": "1+1=", "answer": 2}

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-from grpoplus.cli import main
 from grpoplus.containers import Rollouts
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer

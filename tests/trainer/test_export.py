@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from grpoplus.cli import main
-from grpoplus.export import export_checkpoint
+from grpoplus.entry.cli import main
+from grpoplus.entry.export import export_checkpoint
 from grpoplus.learner.checkpoint import MARKER, REF_FILE, STATE_FILE
 
 

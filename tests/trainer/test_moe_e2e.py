@@ -3,7 +3,7 @@ logs the routing metrics; replay on a dense policy is refused before training.""
 
 import pytest
 
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_model, tiny_moe_model
 from grpoplus.models.tokenizer import char_tokenizer

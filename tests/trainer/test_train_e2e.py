@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpoplus.algo import AlgoConfig
-from grpoplus.cli import main
+from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 
 KILLER = str(Path(__file__).resolve().parents[1] / "killed.py")  # grpoplus train, SIGKILLed after step N

@@ -13,7 +13,7 @@
 Every keyword that is not one of the Trainer's own is a config key, bare or dotted, as on the command line
 (``max_steps=50``, ``eps_high=0.28``, ``learner.lora_rank=16``); the config is built and checked when the
 Trainer is made, so a bad key or value fails before anything loads. Python objects become config values as
-:mod:`grpoplus.inputs` describes.
+:mod:`grpoplus.entry.inputs` describes.
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ class Trainer:
                  train_dataset=None, eval_dataset=None, env=None, tools: Sequence | None = None, tokenizer=None,
                  preset: str | None = None, config: str | Path | dict | None = None,
                  callbacks: Sequence[Callback] = (), overrides: Sequence[str] = (), **settings):
+        from grpoplus.entry.inputs import dataset_path, model_path, named
         from grpoplus.envs.base import ENVS
         from grpoplus.envs.tools import TOOLS
-        from grpoplus.inputs import dataset_path, model_path, named
         from grpoplus.rewards import REWARDS
 
         values = _config_values(config, settings)
@@ -165,7 +165,7 @@ class SFTTrainer(Trainer):
 
     def __init__(self, model=None, *, demos=None, teacher: str | None = None, tokenizer=None,
                  config: str | Path | dict | None = None, overrides: Sequence[str] = (), **kwargs):
-        from grpoplus.inputs import dataset_path
+        from grpoplus.entry.inputs import dataset_path
 
         if demos is not None:
             out = _out_dir(_config_values(config, kwargs), str(config) if isinstance(config, (str, Path)) else None)

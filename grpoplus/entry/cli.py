@@ -88,8 +88,8 @@ def _run_flags(p) -> None:
 
 def _train(args) -> int:
     """The command line over :class:`grpoplus.Trainer`: flags and key=value overrides are its config keys."""
-    from grpoplus.api import Trainer
     from grpoplus.config import build_config, describe_keys
+    from grpoplus.entry.api import Trainer
 
     overrides = flag_overrides(args)
     if args.help_config:
@@ -151,7 +151,7 @@ def _presets(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from grpoplus.export import register_export
+    from grpoplus.entry.export import register_export
     from grpoplus.lab.cli import register_lab
     from grpoplus.metrics.commands import register_commands
     from grpoplus.selftest import register_selftest
