@@ -85,7 +85,7 @@ def main() -> None:
         with torch.no_grad():  # as in a backward: cpu_matmul.mm routes only there
             record = measure(args.rows, args.repeats)
         print(json.dumps({"threads": threads, "rows": args.rows, "vendor": cpu_matmul.cpu_vendor(),
-                          "auto_uses_onednn": cpu_matmul.resolve("auto"), "torch": torch.__version__,
+                          "auto_uses_onednn": cpu_matmul.uses_onednn("auto"), "torch": torch.__version__,
                           "load_avg_1min": os.getloadavg()[0], "cpu_flags": cpu_flags(), **record}), flush=True)
 
 

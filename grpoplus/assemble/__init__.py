@@ -4,8 +4,8 @@
 - :mod:`~grpoplus.assemble.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
   processes alike (handed to the roles as :data:`~grpoplus.assemble.learner.RANK_BUILDERS`, so no role
   imports this package);
-- :mod:`~grpoplus.assemble.placements`: local or Ray, each handing its roles back;
-- here: :func:`assemble`, which wires the loop's components (and only here: a placement that returned
+- :mod:`~grpoplus.assemble.launch`: the roles started local or on Ray, each launch handing them back;
+- here: :func:`assemble`, which wires the loop's components (and only here: a launch that returned
   the components would import the wiring back).
 """
 
@@ -54,7 +54,7 @@ class Components:
 def assemble(plan: RunPlan) -> Components:
     """The run's components: what the machine must offer, checked before anything loads, the task and policy, then
     the roles where ``run.cluster`` places them."""
-    from grpoplus.assemble.placements import Collection, place_local, place_on_ray
+    from grpoplus.assemble.launch import Collection, launch_local, launch_on_ray
 
     cfg = plan.config
     build_process(plan.learner.process)
@@ -65,10 +65,10 @@ def assemble(plan: RunPlan) -> Components:
     collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
                             torch.Generator().manual_seed(cfg.run.seed))
     if cfg.run.cluster == "ray":
-        roles = place_on_ray(plan, task, model, tokenizer, collection)
+        roles = launch_on_ray(plan, task, model, tokenizer, collection)
     else:
-        roles = place_local(plan, build_lora(plan.lora, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
-                            collection, replay)
+        roles = launch_local(plan, build_lora(plan.lora, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
+                             collection, replay)
     demos = collector = None
     if cfg.run.stage == "sft":  # demonstrations instead of rollouts; the engine still samples the evaluations
         from grpoplus.assemble.sft import build_demos, demo_collector

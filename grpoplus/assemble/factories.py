@@ -1,5 +1,5 @@
 """Leaf factories: each turns its part of a run's plan (:mod:`grpoplus.plan.run`) into one component (policy, data,
-rewards, engine, optimizer, collection), for any placement and any process of a run, the roles' own processes
+rewards, engine, optimizer, collection), for any launch and any process of a run, the roles' own processes
 included. The role-side ones (process, policy, optimizer, engine, rollout worker) take a role's plan; the driver-side
 ones (task, rewards, collection) read the user's settings the plan carries (``RunPlan.config``)."""
 
@@ -50,8 +50,7 @@ def build_episodes(cfg: Config, tokenizer, model):
     """The multi-turn plan (``data.env``, ``data.tools`` or the task's environment), or None for single-turn
     collection."""
     from grpoplus.envs.base import env_factory
-    from grpoplus.envs.episodes import EpisodeLimits
-    from grpoplus.envs.plan import EpisodePlan
+    from grpoplus.envs.episodes import EpisodeLimits, EpisodePlan
     from grpoplus.envs.tools import ToolEnv, resolve_tools
 
     name = env_of(cfg.data)

@@ -1,4 +1,4 @@
-"""Learner factories: a learner rank's policy, parts (optimizer, reference, hooks of its placement) and
+"""Learner factories: a learner rank's policy, parts (optimizer, reference, the update hooks of its ranks) and
 plan, for the driver's rank 0 and for every other rank's own process alike."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from grpoplus.algo import EntropyControl
 from grpoplus.assemble.factories import build_optimizer, build_policy, build_process
 from grpoplus.distributed.learner import LearnerParts, RankBuilders
-from grpoplus.learner.checkpointing import require_checkpointable
+from grpoplus.learner.activation_checkpointing import require_checkpointable
 from grpoplus.learner.compiling import check_compile
 from grpoplus.learner.packing import check_packing
 from grpoplus.learner.precision import lower_frozen_linears
@@ -76,7 +76,7 @@ def build_learner_rank_parts(role: LearnerRolePlan, model: torch.nn.Module | Non
 
 def rank_hooks(role: LearnerRolePlan, model: torch.nn.Module, group):
     """How this rank's updates meet the other ranks': DDP (replicate) or the sharded model's collectives."""
-    from grpoplus.distributed.placement import ReplicateHooks, ShardHooks
+    from grpoplus.distributed.rank_hooks import ReplicateHooks, ShardHooks
 
     return ShardHooks(group) if role.sharded else ReplicateHooks(group, model)
 

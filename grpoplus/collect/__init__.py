@@ -27,7 +27,7 @@ import torch
 from grpoplus import algo as A
 from grpoplus.containers import Collected, Rollouts, SamplingParams, ScoredGroups
 from grpoplus.data.order import PromptSampler
-from grpoplus.envs.plan import EpisodePlan
+from grpoplus.envs.episodes import EpisodePlan
 from grpoplus.metrics.step import reduce_metrics
 from grpoplus.rollout.base import check_rollouts
 

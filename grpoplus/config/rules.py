@@ -264,9 +264,9 @@ def _packages(cfg: Config) -> None:
 def _cpu_matmul(cfg: Config) -> None:
     """learner.cpu_matmul=onednn needs this torch's oneDNN linear op (on the machine that starts a local run)."""
     if cfg.run.cluster == "local":
-        from grpoplus.models.cpu_matmul import resolve
+        from grpoplus.models.cpu_matmul import uses_onednn
 
-        resolve(cfg.learner.cpu_matmul)
+        uses_onednn(cfg.learner.cpu_matmul)
 
 
 @rule("routing_replay")

@@ -5,7 +5,7 @@ exactly as one process does (``logp_old``, ``logp_ref``, advantages, loss masks)
 the whole :class:`TrainBatch` to the other ranks; every rank then computes the global loss
 mask and norm of each mini-batch (ALGORITHMS.md section 3) - the same on every rank - takes
 its share of whole micro-batches, and DDP sums the gradients over the ranks before clipping
-(:mod:`grpoplus.distributed.placement`). Every rank steps the same
+(:mod:`grpoplus.distributed.rank_hooks`). Every rank steps the same
 optimizer on the same gradient, so the weights stay identical on every rank: rank 0's are
 the ones published to the engines and written to checkpoints.
 
@@ -47,7 +47,7 @@ class LearnerParts:
     scheduler: object
     entropy_control: A.EntropyControl  # the entropy bonus's coefficient (identical on every rank)
     mirror: torch.nn.Module | None = None  # fsdp2, rank 0: the plain whole policy engines and checkpoints read
-    hooks: UpdateHooks = ONE_PROCESS  # how an update meets the other ranks (grpoplus.distributed.placement)
+    hooks: UpdateHooks = ONE_PROCESS  # how an update meets the other ranks (grpoplus.distributed.rank_hooks)
     teacher: object | None = None  # on-policy distillation's teacher (grpoplus.teacher), only with learner.teacher
 
     @property

@@ -14,7 +14,7 @@ Three things follow from every forward being a collective, and the learner honou
 - every rank runs the same number of forwards: each rank prepares the whole batch, scoring an equal
   share of its rows in the no-grad passes (the last share padded with copies of a row), and takes an
   equal number of micro-batches of each mini-batch, a rank short of one running a copy of one of its
-  own with no loss (:class:`grpoplus.distributed.placement.ShardHooks`);
+  own with no loss (:class:`grpoplus.distributed.rank_hooks.ShardHooks`);
 - every forward runs the same layers the same number of times: a shared-prompt forward runs its
   prompt pass and its response pass whatever the rows (``share_prompts="always"``), where one
   process skips the second pass when no two rows share a prompt.

@@ -17,7 +17,7 @@ import yaml
 from grpoplus.config import Config, build_config, resumed_config
 from grpoplus.core.needs import collecting
 from grpoplus.dryrun.memory import Device, estimate_memory
-from grpoplus.dryrun.roles import Role, machine_needs, plan_roles, warnings
+from grpoplus.dryrun.roles import Role, machine_needs, roles_of, warnings
 from grpoplus.dryrun.sizes import ModelSize, model_size
 from grpoplus.dryrun.tokens import Tokens, token_budget
 from grpoplus.plan import RunPlan, resolve
@@ -45,10 +45,10 @@ def dry_run(preset: str | None = None, yaml_path: str | None = None, overrides: 
     run directory whose saved config a resumed run would take, with ``overrides`` on top)."""
     with collecting() as needs:
         cfg = resumed_config(resume, overrides or []) if resume else build_config(preset, yaml_path, overrides)
-    return plan(cfg, needs)
+    return dry_run_of(cfg, needs)
 
 
-def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
+def dry_run_of(cfg: Config, needs: list[str] | None = None) -> DryRun:
     """The dry run of a validated config (``needs``: what its checks noted this machine lacks)."""
     from grpoplus.teacher import is_endpoint
 
@@ -57,7 +57,7 @@ def plan(cfg: Config, needs: list[str] | None = None) -> DryRun:
         policy = model_size(cfg.learner.model)
         teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
     tokens = token_budget(cfg)
-    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), resolve(cfg), plan_roles(cfg), policy, teacher,
+    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), resolve(cfg), roles_of(cfg), policy, teacher,
                   estimate_memory(cfg, policy, teacher, tokens), tokens,
                   list(needs or []) + lacks + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
 

@@ -19,7 +19,7 @@ class Role:
     where: str
 
 
-def plan_roles(cfg: Config) -> list[Role]:
+def roles_of(cfg: Config) -> list[Role]:
     """Each role of the run and where it runs."""
     return [Role("cluster", _cluster(cfg)), Role("rollout", _rollout(cfg)), Role("learner", _learner(cfg)),
             Role("reference", _reference(cfg)), Role("teacher", _teacher(cfg)), Role("rewards", _rewards(cfg))]

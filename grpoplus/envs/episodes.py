@@ -57,6 +57,28 @@ class EpisodeLimits:
     max_context: int = 1024  # prompt + response must fit the engine's context
 
 
+@dataclass(frozen=True, kw_only=True)
+class EpisodePlan:
+    """How a run plays its environments, decided once from the config: the factory, the limits and the tokenizer
+    (multi-turn collection: each response is a trajectory played in its own environment)."""
+
+    factory: Callable[..., Any]
+    limits: EpisodeLimits
+    tokenizer: Any
+    chat: bool = True  # a row's prompt goes through the chat template when the tokenizer has one
+    warned: set = field(default_factory=set, compare=False, repr=False)  # environment failures said on stderr
+
+    def run(self, engine, examples: list, params: SamplingParams, prompt_index: list[int],
+            generator: torch.Generator | None) -> tuple[Rollouts, dict[str, float]]:
+        return run_episodes(engine, self.tokenizer, self.factory, [row_of(ex) for ex in examples], params,
+                            self.limits, generator, prompt_index, chat=self.chat, warned=self.warned)
+
+
+def row_of(example) -> dict:
+    """A task example as the data row an environment is made from: ``prompt``, ``answer`` and its extra fields."""
+    return {"prompt": example.prompt, "answer": example.answer, **example.fields}
+
+
 @dataclass
 class Episode:
     """One live trajectory: its environment, its ids so far, and how it ended."""

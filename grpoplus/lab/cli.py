@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from grpoplus.lab.experiment import EXPERIMENTS
-from grpoplus.lab.runner import plan, run_experiment, train_command
+from grpoplus.lab.runner import every_run, run_experiment, train_command
 from grpoplus.lab.verdict import summary_table
 
 
@@ -47,7 +47,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         for name in names:
             experiment = EXPERIMENTS.get(name)
             out = Path(args.out) / name if args.name == "all" else Path(args.out)
-            for arm, _, overrides in plan(experiment, out, args.seeds, args.steps, tuple(args.extra)):
+            for arm, _, overrides in every_run(experiment, out, args.seeds, args.steps, tuple(args.extra)):
                 print(train_command(experiment, arm, overrides))
         return 0
     verdicts = []

@@ -53,8 +53,8 @@ def train_command(experiment: Experiment, arm: Arm, overrides: list[str]) -> str
     return " ".join(["grpoplus train --preset", arm.preset or experiment.preset, *overrides])
 
 
-def plan(experiment: Experiment, out: str | Path, seeds: int, steps: int | None = None,
-         extra: tuple[str, ...] = ()) -> list[tuple[Arm, int, list[str]]]:
+def every_run(experiment: Experiment, out: str | Path, seeds: int, steps: int | None = None,
+              extra: tuple[str, ...] = ()) -> list[tuple[Arm, int, list[str]]]:
     """(arm, seed, overrides) of every run, arms in definition order, seeds 0..seeds-1 within each."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
@@ -99,7 +99,7 @@ def execute(experiment: Experiment, out: str | Path, seeds: int = 3, steps: int 
     if train_fn is None:
         from grpoplus.loop.driver import train as train_fn
     jobs = [(arm, seed, build_config(arm.preset or experiment.preset, overrides=[*LAB_SETTINGS, *o]))
-            for arm, seed, o in plan(experiment, out, seeds, steps, extra)]
+            for arm, seed, o in every_run(experiment, out, seeds, steps, extra)]
     runs: Runs = {arm.name: {} for arm in experiment.arms}
     for i, (arm, seed, cfg) in enumerate(jobs, 1):
         path = Path(cfg.run.out)

@@ -33,7 +33,7 @@ from functools import partial
 import torch
 from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 
-from grpoplus.learner.checkpointing import checkpointable_layers, wrapped_forwards
+from grpoplus.learner.activation_checkpointing import checkpointable_layers, wrapped_forwards
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 """torch.compile modes the learner may use; reduce-overhead (CUDA graphs) is not one: a graph per shape of a

@@ -1,5 +1,5 @@
-"""What placement supplies to an update: the learner's update knows one process, and these hooks say how
-its micro-batches meet the other learner ranks (grpoplus.distributed.placement implements them).
+"""What the learner ranks' strategy supplies to an update: the learner's update knows one process, and these hooks
+say how its micro-batches meet the other learner ranks (grpoplus.distributed.rank_hooks implements them).
 
 :class:`UpdateHooks` itself is one process: every micro-batch is this rank's, the training forward
 is the plain call, nothing is synchronised and the results stay as they are.
@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 
 class UpdateHooks:
-    """One process's update (the base of every placement's hooks)."""
+    """One process's update (the base of every strategy's hooks)."""
 
     def share(self, micro: list) -> tuple[list, list]:
         """(this rank's micro-batches, the stand-ins it also runs: micro-batches forwarded and backpropagated
@@ -24,7 +24,7 @@ class UpdateHooks:
         return fn(rollouts)
 
     def forward(self, fn, model, *args, **kwargs):
-        """The training forward ``fn(model, *args, **kwargs)`` (through the placement's wrapper, which then
+        """The training forward ``fn(model, *args, **kwargs)`` (through the strategy's wrapper, which then
         synchronises the gradients in the backward)."""
         return fn(model, *args, **kwargs)
 

@@ -23,7 +23,7 @@ def padded_width(lengths: torch.Tensor) -> int:
     return int(lengths.max(0).values.sum()) if len(lengths) else 0
 
 
-def plan_micro_batches(lengths: torch.Tensor, token_budget: int, packed: bool = False) -> list[torch.Tensor]:
+def split_micro_batches(lengths: torch.Tensor, token_budget: int, packed: bool = False) -> list[torch.Tensor]:
     """Split rows into micro-batches of at most ``token_budget`` (rows x padded width) tokens, or (``packed``:
     the rows as one sequence without padding, :mod:`grpoplus.learner.packing`) real tokens.
 

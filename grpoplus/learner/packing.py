@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpoplus.learner.checkpointing import checkpointable_layers
+from grpoplus.learner.activation_checkpointing import checkpointable_layers
 
 PACKED_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "olmo3", "smollm3", "glm4", "granite", "gemma3_text",

@@ -45,7 +45,7 @@ class LearnerPlan:
     reward_weights: tuple[tuple[str, float], ...] = ()  # (component, weight) of the reward pipeline, for GDPO
     reference_adapters_off: bool = False  # logp_ref from the policy with its LoRA adapters off (no reference copy)
     share_prompts: bool = True  # each distinct prompt of a forward computed once (grpoplus.learner.shared_prompt)
-    gradient_checkpointing: bool = False  # decoder layers recomputed in backward (grpoplus.learner.checkpointing)
+    gradient_checkpointing: bool = False  # decoder layers recomputed in backward (grpoplus.learner.activation_checkpointing)
     trim_every: int = 0  # > 0: freed memory goes back to the system every this many layers of the backward
     release_after_update: bool = False  # freed memory goes back to the system after each batch's update
     precision: str = "fp32"  # learner.precision: the forwards' autocast (grpoplus.learner.precision)

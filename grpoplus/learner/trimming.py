@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from grpoplus.learner.checkpointing import checkpointable_layers, wrapped_forwards
+from grpoplus.learner.activation_checkpointing import checkpointable_layers, wrapped_forwards
 from grpoplus.models.memory import give_back_freed_memory
 
 

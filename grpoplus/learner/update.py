@@ -19,13 +19,13 @@ import torch
 
 from grpoplus.algo import AGGREGATIONS, AlgoConfig, EntropyControl, policy_loss, prepare_loss
 from grpoplus.containers import TrainBatch, UpdateResult
-from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.activation_checkpointing import checkpointed_layers
 from grpoplus.learner.compiling import compiled_graphs, compiled_layers
 from grpoplus.learner.distill import distill_forward
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.learner.microbatch import plan_micro_batches
+from grpoplus.learner.microbatch import split_micro_batches
 from grpoplus.learner.packing import packing_pays, padding_metrics
 from grpoplus.learner.precision import autocast
 from grpoplus.learner.prepare import LearnerPlan, estimated_sharing, forward_sharing
@@ -49,14 +49,14 @@ def micro_batches(batch: TrainBatch, plan: LearnerPlan) -> list[torch.Tensor]:
     little padding computed) or ``micro_batch_size`` rows in order."""
     if plan.micro_batch_tokens:
         lengths = torch.stack([batch.prompt_mask.sum(1), batch.response_mask.sum(1)], 1).long().cpu()
-        return plan_micro_batches(lengths, plan.micro_batch_tokens, packed=plan.packing is True)
+        return split_micro_batches(lengths, plan.micro_batch_tokens, packed=plan.packing is True)
     return list(torch.arange(len(batch.group_ids)).split(plan.micro_batch_size))
 
 
 @dataclass
 class StepContext:
     """What every micro-batch of one optimizer step shares: the model and how it is updated, the step's entropy
-    coefficient, the routing tally of an MoE policy, the placement's hooks and the teacher of ``algo.distill_loss``."""
+    coefficient, the routing tally of an MoE policy, the learner ranks' hooks and the teacher of ``algo.distill_loss``."""
 
     model: torch.nn.Module
     algo: AlgoConfig
@@ -108,7 +108,7 @@ def optimizer_step(model, optimizer, batch: TrainBatch, algo: AlgoConfig, plan: 
     ``entropy_coef``: the entropy bonus's coefficient for this step (``EntropyControl.applied_coef``;
     the forward then also takes the entropy with its gradient when ``algo.entropy_bonus``).
     ``generator``: Clip-Cov's random token subset, seeded per optimizer step by the caller.
-    ``hooks``: the placement's (grpoplus.distributed.placement): with several learner ranks every rank
+    ``hooks``: the learner ranks' (grpoplus.distributed.rank_hooks): with several learner ranks every rank
     holds the whole mini-batch and its global mask and norm, takes its share of whole micro-batches, and
     the gradients are summed over the ranks before clipping: the step one process would make.
     ``teacher``: the teacher model of ``algo.distill_loss`` (its divergence is a term of the loss).
@@ -298,7 +298,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, algo: AlgoConf
 
     ``entropy_control`` gives each step's bonus coefficient and is updated after each step with
     the entropy the step measured (``algo.entropy_bonus``); ``first_step`` is the run-wide index
-    of this batch's first optimizer step (seeds Clip-Cov's selection). ``hooks``: the placement's (every
+    of this batch's first optimizer step (seeds Clip-Cov's selection). ``hooks``: the learner ranks' (every
     learner rank calls this with the same batch)."""
     batch = batch.to(compute_device(model))
     control = entropy_control if entropy_control is not None else EntropyControl.from_config(algo)

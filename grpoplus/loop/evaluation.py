@@ -19,7 +19,7 @@ def evaluate(engine, task, examples: list, *, max_new_tokens: int, temperature: 
     ``temperature`` and ``top_p`` the sampled pass@1 (``eval/accuracy_sampled``, mean over all n samples) and
     ``eval/pass@{k}`` for each k of ``ks`` (each <= n), Chen et al. 2021's unbiased estimator
     (:func:`~grpoplus.metrics.passk.pass_at_k`). With ``episodes`` (a multi-turn
-    :class:`~grpoplus.envs.plan.EpisodePlan`) every response is a game played to its end, and
+    :class:`~grpoplus.envs.episodes.EpisodePlan`) every response is a game played to its end, and
     ``eval/turns_mean`` is the greedy games' mean number of turns."""
     t0 = time.perf_counter()
     index = list(range(len(examples)))

@@ -41,7 +41,7 @@ def cpu_vendor() -> str:
     return cpuinfo("vendor_id")
 
 
-def resolve(mode: str) -> bool:
+def uses_onednn(mode: str) -> bool:
     """Whether ``mode`` sends float32 CPU products to oneDNN on this machine; refuses an unknown mode, and
     ``onednn`` where this torch lacks it, in one line."""
     if mode not in MODES:
@@ -58,7 +58,7 @@ def use_cpu_matmul(mode: str | None = None) -> bool:
     """Route float32 CPU linear layers by ``mode`` from now on in this process (None: keep the mode set before,
     ``auto`` at first); returns whether oneDNN is used. Installs the routing into ``nn.Linear`` once."""
     if mode is not None or not _state["installed"]:
-        _state["active"] = resolve(mode or "auto")
+        _state["active"] = uses_onednn(mode or "auto")
     if not _state["installed"]:
         torch.nn.Linear.forward = _linear_forward
         _state["installed"] = True

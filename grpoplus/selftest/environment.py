@@ -76,11 +76,11 @@ def cpu_flags() -> list[str]:
 
 def _cpu_facts() -> dict:
     from grpoplus.learner.precision import cpu_has_native_bf16
-    from grpoplus.models.cpu_matmul import cpu_vendor, resolve
+    from grpoplus.models.cpu_matmul import cpu_vendor, uses_onednn
 
     return {"device": "cpu", "device_name": cpuinfo("model name") or platform.machine(),
             "vendor": cpu_vendor(), "bf16_native": cpu_has_native_bf16(), "tf32": False,
-            "threads": torch.get_num_threads(), "fp32_products": "onednn" if resolve("auto") else "torch"}
+            "threads": torch.get_num_threads(), "fp32_products": "onednn" if uses_onednn("auto") else "torch"}
 
 
 def _cuda_facts(device: str) -> dict:

@@ -56,7 +56,7 @@ def algo() -> AlgoConfig:
     return AlgoConfig.preset("grpo", num_minibatches=1, num_iterations=1, beta=0.0)
 
 
-def plan(precision: str = "fp32", sharded: bool = False, micro_batch_size: int = 8) -> LearnerPlan:
+def learner_plan(precision: str = "fp32", sharded: bool = False, micro_batch_size: int = 8) -> LearnerPlan:
     return LearnerPlan(temperature=1.0, micro_batch_size=micro_batch_size, max_grad_norm=1.0, logp_old="recompute",
                        precision=precision, sharded=sharded)
 

@@ -27,7 +27,7 @@ def _engine_gap(ctx: Context, precision: str) -> dict:
     model = F.nano(ctx.device)
     dtype = torch.bfloat16 if precision == "bf16_mixed" else torch.float32
     rollouts = F.sample(model, dtype=dtype)
-    logp, _ = learner_logprobs(model, rollouts, F.plan(precision), with_entropy=False)  # on the CPU
+    logp, _ = learner_logprobs(model, rollouts, F.learner_plan(precision), with_entropy=False)  # on the CPU
     mask = rollouts.response_mask.bool()
     gap = (logp - rollouts.logp_roll)[mask].abs()
     if (rollouts.logp_roll[~mask] != 0).any():
@@ -89,7 +89,7 @@ def chunked_head_matches(ctx: Context) -> dict:
 def bf16_update(ctx: Context) -> dict:
     _require_bf16(ctx)
     model = F.nano(ctx.device)
-    plan = F.plan("bf16_mixed")
+    plan = F.learner_plan("bf16_mixed")
     batch = F.batch(model, F.sample(model, dtype=torch.bfloat16), plan)
     opt, sched = F.optimizer(model)
     losses = []
@@ -118,7 +118,7 @@ def lora(ctx: Context) -> dict:
     torch.manual_seed(0)
     model = add_lora(F.nano(ctx.device), 4, 8.0, 0.0, ["q_proj", "v_proj", "up_proj"])
     base = {k: v.clone() for k, v in model.named_parameters() if not v.requires_grad}
-    plan = F.plan()
+    plan = F.learner_plan()
     opt, sched = F.optimizer(model)
     for step in range(2):
         batch = F.batch(model, F.sample(model, seed=step), plan, seed=step)

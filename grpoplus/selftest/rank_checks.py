@@ -1,7 +1,7 @@
-"""Checks of the learner's placements on one rank of a real process group (NCCL on a GPU, gloo on a CPU): a
-sharded learner (``learner.strategy=fsdp2``, with and without ``learner.cpu_offload``) and a data-parallel one
-(DDP) must train like the plain learner. One rank is all one GPU allows (NCCL refuses two ranks on a device);
-it runs every collective and hook of the strategy."""
+"""Checks of the learner ranks' update hooks (grpoplus.distributed.rank_hooks) on one rank of a real process group
+(NCCL on a GPU, gloo on a CPU): a sharded learner (``learner.strategy=fsdp2``, with and without
+``learner.cpu_offload``) and a data-parallel one (DDP) must train like the plain learner. One rank is all one GPU
+allows (NCCL refuses two ranks on a device); it runs every collective and hook of the strategy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from grpoplus.distributed.group import RankGroup, Rendezvous, free_port
-from grpoplus.distributed.placement import ReplicateHooks, ShardHooks
+from grpoplus.distributed.rank_hooks import ReplicateHooks, ShardHooks
 from grpoplus.distributed.sharding import model_spec, sharded_twin
 from grpoplus.learner.hooks import ONE_PROCESS
 from grpoplus.learner.update import update_policy
@@ -45,7 +45,7 @@ def _train(model, hooks, plan, ctx: Context) -> list[dict]:
     scorer = F.nano(ctx.device)
     metrics = []
     for step in range(STEPS):
-        batch = F.batch(scorer, F.sample(scorer, seed=step), F.plan(), seed=step)
+        batch = F.batch(scorer, F.sample(scorer, seed=step), F.learner_plan(), seed=step)
         metrics.append(update_policy(model, opt, sched, batch, F.algo(), plan, first_step=step, hooks=hooks).metrics)
     return metrics
 
@@ -63,7 +63,7 @@ def _compare(name: str, model: torch.nn.Module, reference: torch.nn.Module, thei
 
 def _plain(ctx: Context) -> tuple[torch.nn.Module, list[dict]]:
     model = F.nano(ctx.device)
-    return model, _train(model, ONE_PROCESS, F.plan(), ctx)
+    return model, _train(model, ONE_PROCESS, F.learner_plan(), ctx)
 
 
 def _sharded(ctx: Context, offload: bool) -> dict:
@@ -72,7 +72,7 @@ def _sharded(ctx: Context, offload: bool) -> dict:
     with one_rank(ctx) as group:
         whole = F.nano(ctx.device)
         model = sharded_twin(model_spec(whole), whole, ctx.device, "fp32", offload=offload)
-        theirs = _train(model, ShardHooks(group), F.plan(sharded=True), ctx)
+        theirs = _train(model, ShardHooks(group), F.learner_plan(sharded=True), ctx)
         return _compare("fsdp2" + (" with cpu_offload" if offload else ""), model, plain, theirs, ours)
 
 
@@ -96,5 +96,5 @@ def ddp_one_rank(ctx: Context) -> dict:
     plain, ours = _plain(ctx)
     with one_rank(ctx) as group:
         model = F.nano(ctx.device)
-        theirs = _train(model, ReplicateHooks(group, model), F.plan(), ctx)
+        theirs = _train(model, ReplicateHooks(group, model), F.learner_plan(), ctx)
         return _compare("DDP", model, plain, theirs, ours)

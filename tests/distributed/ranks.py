@@ -18,7 +18,7 @@ import torch
 from grpoplus.algo import AlgoConfig, EntropyControl
 from grpoplus.containers import TrainBatch
 from grpoplus.distributed.group import RankGroup, Rendezvous, RoleError, free_port
-from grpoplus.distributed.placement import ReplicateHooks
+from grpoplus.distributed.rank_hooks import ReplicateHooks
 from grpoplus.learner.hooks import ONE_PROCESS
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.update import update_policy
@@ -198,7 +198,7 @@ def sharded_start(group: RankGroup, model_dir: str, world: int) -> dict:
 def sharded_scores(group: RankGroup, n: int) -> dict:
     """ShardHooks.score over ``n`` rows: the rows this rank scored, and the gathered result."""
     from grpoplus.containers import Rollouts
-    from grpoplus.distributed.placement import ShardHooks
+    from grpoplus.distributed.rank_hooks import ShardHooks
 
     ids = torch.arange(n)[:, None].repeat(1, 3)  # row i's response tokens are all i
     rollouts = Rollouts(ids[:, :1], torch.ones(n, 1, dtype=torch.long), ids, torch.ones(n, 3), torch.zeros(n, 3),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpoplus.distributed.placement import ShardHooks
+from grpoplus.distributed.rank_hooks import ShardHooks
 from grpoplus.distributed.sharding import model_spec, sharded_twin
 from grpoplus.entry.cli import main
 from grpoplus.learner.checkpoint import latest_checkpoint
@@ -41,7 +41,7 @@ def _bf16_updates(model, hooks, plan) -> list[float]:
     scorer = F.nano(CUDA)
     losses = []
     for step in range(2):
-        batch = F.batch(scorer, F.sample(scorer, seed=step), F.plan("bf16_mixed"), seed=step)
+        batch = F.batch(scorer, F.sample(scorer, seed=step), F.learner_plan("bf16_mixed"), seed=step)
         losses.append(update_policy(model, opt, sched, batch, F.algo(), plan, first_step=step, hooks=hooks
                                     ).metrics["loss/total"])
     return losses
@@ -51,11 +51,11 @@ def test_fsdp2_bf16_mixed_over_nccl_trains_close_to_one_process_bf16(tmp_path):
     # FSDP2 gathers the layers' parameters in bf16 (its MixedPrecisionPolicy): norms and the residual stream run in
     # bf16 where one process keeps them in float32 under autocast, so the two agree to bf16 rounding only.
     plain = F.nano(CUDA)
-    ours = _bf16_updates(plain, ONE_PROCESS, F.plan("bf16_mixed"))
+    ours = _bf16_updates(plain, ONE_PROCESS, F.learner_plan("bf16_mixed"))
     with one_rank(Context(CUDA, tmp_path)) as group:
         whole = F.nano(CUDA)
         model = sharded_twin(model_spec(whole), whole, CUDA, "bf16_mixed")
-        theirs = _bf16_updates(model, ShardHooks(group), F.plan("bf16_mixed", sharded=True))
+        theirs = _bf16_updates(model, ShardHooks(group), F.learner_plan("bf16_mixed", sharded=True))
         local = {k: v.to_local() for k, v in model.named_parameters()}
     assert all(v.dtype == torch.float32 for v in local.values())  # the sharded master weights
     start = dict(F.nano(CUDA).named_parameters())
@@ -72,7 +72,7 @@ def test_a_bf16_reference_scores_like_float32_weights_under_cuda_autocast():
     ref = lower_frozen_linears(copy.deepcopy(model).requires_grad_(False), "bf16_mixed")
     assert ref.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     rollouts = F.sample(model)
-    plan = F.plan("bf16_mixed")
+    plan = F.learner_plan("bf16_mixed")
     assert torch.equal(learner_logprobs(ref, rollouts, plan, False)[0], learner_logprobs(model, rollouts, plan, False)[0])
 
 

@@ -9,7 +9,7 @@ import pytest
 from grpoplus.core.rundir import RunDir
 from grpoplus.entry.cli import main
 from grpoplus.lab import EXPERIMENTS, Arm, Check, Comparison, Experiment, Measure, Rule, run_experiment
-from grpoplus.lab.runner import plan
+from grpoplus.lab.runner import every_run
 
 ENTROPY = Measure("tail_mean", "mean policy/entropy_mean over the last third", {"key": "policy/entropy_mean"})
 CLIP = Measure("tail_mean", "mean loss/clip_frac_high over the last third", {"key": "loss/clip_frac_high"})
@@ -84,9 +84,9 @@ def test_every_builtin_experiment_builds_valid_configs(name, tmp_path):
     experiment = EXPERIMENTS.get(name)
     if experiment.missing_keys():
         with pytest.raises(ValueError, match="needs the config key"):
-            plan(experiment, tmp_path, 1)
+            every_run(experiment, tmp_path, 1)
         return
-    for arm, _, overrides in plan(experiment, tmp_path, 1):
+    for arm, _, overrides in every_run(experiment, tmp_path, 1):
         build_config(arm.preset or experiment.preset, overrides=overrides)
     from grpoplus.lab.measures import MEASURES
 
@@ -133,7 +133,7 @@ def test_moe_routing_runs_routing_replay_against_a_differing_sampler(tmp_path):
 
     experiment = EXPERIMENTS.get("moe_routing")
     configs = {arm.name: build_config(arm.preset or experiment.preset, overrides=o)
-               for arm, _, o in plan(experiment, tmp_path, 1)}
+               for arm, _, o in every_run(experiment, tmp_path, 1)}
     assert {name: c.algo.routing_replay for name, c in configs.items()} == {
         "grpo_token": "off", "grpo_r2": "r2", "grpo_r3": "r3", "gspo": "off"}
     assert {c.rollout.quantization for c in configs.values()} == {"int8"}

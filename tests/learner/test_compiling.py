@@ -12,7 +12,7 @@ from torch._dynamo.exc import Unsupported
 
 from grpoplus.config import build_config
 from grpoplus.learner import compiling
-from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.activation_checkpointing import checkpointed_layers
 from grpoplus.learner.compiling import check_compile, compiled_graphs, compiled_layers
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.precision import autocast

@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3Moe
 
 from grpoplus.assemble import assemble
 from grpoplus.config import build_config
-from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
+from grpoplus.learner.activation_checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.loop.driver import train_step

@@ -1,10 +1,10 @@
-"""plan_micro_batches: every row once, within the token budget, little padding, deterministic."""
+"""split_micro_batches: every row once, within the token budget, little padding, deterministic."""
 
 import pytest
 import torch
 
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.learner.microbatch import padded_width, plan_micro_batches
+from grpoplus.learner.microbatch import padded_width, split_micro_batches
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 
@@ -29,7 +29,7 @@ def _random_lengths(seed: int, n: int, segments: int | None) -> torch.Tensor:
 def test_every_row_once_and_within_budget(segments, budget):
     for seed in range(5):
         lengths = _random_lengths(seed, 37, segments)
-        plan = plan_micro_batches(lengths, budget)
+        plan = split_micro_batches(lengths, budget)
         assert torch.equal(torch.cat(plan).sort().values, torch.arange(37))
         for rows in plan:
             assert torch.equal(rows, rows.sort().values)
@@ -42,7 +42,7 @@ def test_hand_worked_plan_has_no_padding():
     # 4s another (2 x 4 = 8; a third row would not fit anyway). No padding column at all,
     # where the in-order split [4, 8], [4, 8] would pad each 4 to 8 (8 wasted tokens).
     lengths = torch.tensor([4, 8, 4, 8])
-    plan = plan_micro_batches(lengths, 16)
+    plan = split_micro_batches(lengths, 16)
     assert [rows.tolist() for rows in plan] == [[1, 3], [0, 2]]
     assert _cost(lengths, plan) == int(lengths.sum())
 
@@ -52,8 +52,8 @@ def test_segments_are_padded_separately():
     # together their width is 10 + 10 = 20 (left-padded prompts, right-padded responses):
     # 2 x 20 = 40 > 30, so they go apart.
     lengths = torch.tensor([[10, 1], [1, 10]])
-    assert len(plan_micro_batches(lengths, 30)) == 2
-    assert len(plan_micro_batches(lengths, 40)) == 1
+    assert len(split_micro_batches(lengths, 30)) == 2
+    assert len(split_micro_batches(lengths, 40)) == 1
 
 
 @pytest.mark.parametrize("segments", [None, 2])
@@ -61,7 +61,7 @@ def test_less_padding_than_in_order_rows(segments):
     # The same number of rows per forward taken in data order (what a rows-only micro-batch
     # size does) computes more padding on mixed lengths.
     lengths = _random_lengths(0, 64, segments)
-    plan = plan_micro_batches(lengths, 8 * padded_width(_segments(lengths)))
+    plan = split_micro_batches(lengths, 8 * padded_width(_segments(lengths)))
     in_order = list(torch.arange(64).split(8))
     assert len(plan) <= len(in_order)
     assert _cost(lengths, plan) < _cost(lengths, in_order)
@@ -72,18 +72,18 @@ def test_deterministic_and_ties_in_row_order():
     # micro-batches are needed; [5 5] [5] [3 3 3] computes 10 + 5 + 9 = 24 = every real token,
     # where a greedy fill [5 5] [5 3] [3 3] would pad a 3 to 5.
     lengths = torch.tensor([5, 3, 5, 3, 5, 3])
-    first = plan_micro_batches(lengths, 10)
+    first = split_micro_batches(lengths, 10)
     assert [rows.tolist() for rows in first] == [[0, 2], [4], [1, 3, 5]]
-    again = plan_micro_batches(lengths.clone(), 10)
+    again = split_micro_batches(lengths.clone(), 10)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="token_budget"):
-        plan_micro_batches(torch.tensor([3, 4]), 0)
+        split_micro_batches(torch.tensor([3, 4]), 0)
     with pytest.raises(ValueError, match="non-negative"):
-        plan_micro_batches(torch.tensor([3, -1]), 10)
-    assert plan_micro_batches(torch.zeros(0, dtype=torch.long), 10) == []
+        split_micro_batches(torch.tensor([3, -1]), 10)
+    assert split_micro_batches(torch.zeros(0, dtype=torch.long), 10) == []
 
 
 def test_planned_micro_batches_give_the_whole_batch_logprobs():
@@ -101,7 +101,7 @@ def test_planned_micro_batches_give_the_whole_batch_logprobs():
     with torch.no_grad():
         whole, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
         planned = torch.zeros_like(whole)
-        for rows in plan_micro_batches(torch.stack([prompt_len, response_len], 1), 24):
+        for rows in split_micro_batches(torch.stack([prompt_len, response_len], 1), 24):
             planned[rows] = response_logprobs(model, prompt_ids[rows], prompt_mask[rows], response_ids[rows],
                                               response_mask[rows])[0]
     torch.testing.assert_close(planned, whole, atol=1e-5, rtol=0)

@@ -15,7 +15,7 @@ from grpoplus.config import build_config
 from grpoplus.containers import Rollouts, TrainBatch
 from grpoplus.learner.entropy import response_logprobs_and_entropy
 from grpoplus.learner.logprobs import response_logprobs
-from grpoplus.learner.microbatch import plan_micro_batches
+from grpoplus.learner.microbatch import split_micro_batches
 from grpoplus.learner.packing import check_packing, pack_rows, packing_pays, padding_metrics
 from grpoplus.learner.prepare import LearnerPlan, decided_packing
 from grpoplus.learner.replay import LearnerRouting, input_mask
@@ -117,11 +117,11 @@ def test_packing_is_refused_in_one_line_or_falls_back_where_the_model_cannot_pac
 
 def test_a_packed_token_budget_counts_real_tokens():
     lengths = torch.tensor([[4, 12], [4, 1], [2, 2], [4, 11], [3, 1]])  # 16, 5, 4, 15, 4 real tokens
-    plan = plan_micro_batches(lengths, 20, packed=True)
+    plan = split_micro_batches(lengths, 20, packed=True)
     assert sorted(torch.cat(plan).tolist()) == [0, 1, 2, 3, 4]
     assert all(int(lengths[idx].sum()) <= 20 for idx in plan) and len(plan) == 3  # 44 tokens in runs of <= 20
     two = torch.tensor([[1, 10], [9, 1]])  # 11 + 10 = 21 real tokens; padded 2 x (9 + 10) = 38
-    assert len(plan_micro_batches(two, 24, packed=True)) == 1 and len(plan_micro_batches(two, 24)) == 2
+    assert len(split_micro_batches(two, 24, packed=True)) == 1 and len(split_micro_batches(two, 24)) == 2
 
 
 def test_the_padding_fraction_before_and_after_packing():

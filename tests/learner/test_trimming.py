@@ -9,7 +9,7 @@ import grpoplus.learner.trimming as trimming
 from grpoplus.assemble import assemble
 from grpoplus.assemble.learner import build_learner_plan
 from grpoplus.config import build_config
-from grpoplus.learner.checkpointing import checkpointed_layers
+from grpoplus.learner.activation_checkpointing import checkpointed_layers
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.loop.driver import train_step

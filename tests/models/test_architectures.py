@@ -14,7 +14,7 @@ import torch
 
 from grpoplus.config import build_config
 from grpoplus.dryrun import dry_run
-from grpoplus.learner.checkpointing import checkpointed_layers, require_checkpointable
+from grpoplus.learner.activation_checkpointing import checkpointed_layers, require_checkpointable
 from grpoplus.learner.logprobs import HEAD_MODEL_TYPES, chunked_head, response_logprobs
 from grpoplus.learner.packing import PACKED_MODEL_TYPES, check_packing
 from grpoplus.learner.replay import check_replay, moe_spec

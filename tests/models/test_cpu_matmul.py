@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpoplus.config import build_config
 from grpoplus.learner.logprobs import ChunkedHeadLogProb
 from grpoplus.models import cpu_matmul
-from grpoplus.models.cpu_matmul import linear, mm, resolve, use_cpu_matmul
+from grpoplus.models.cpu_matmul import linear, mm, use_cpu_matmul, uses_onednn
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch has no oneDNN linear op")
 
@@ -128,22 +128,22 @@ def test_auto_takes_onednn_on_amd_x86_only(monkeypatch):
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
-    assert resolve("auto") and resolve("onednn") and not resolve("torch")
+    assert uses_onednn("auto") and uses_onednn("onednn") and not uses_onednn("torch")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "GenuineIntel")
-    assert not resolve("auto")
+    assert not uses_onednn("auto")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "aarch64")
-    assert not resolve("auto")
+    assert not uses_onednn("auto")
 
 
 def test_a_mode_this_torch_cannot_run_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
     with pytest.raises(ValueError, match=r"^learner.cpu_matmul=onednn: this torch .* no oneDNN linear op") as err:
-        resolve("onednn")
+        uses_onednn("onednn")
     assert "\n" not in str(err.value)
-    assert not resolve("auto")
+    assert not uses_onednn("auto")
     with pytest.raises(ValueError, match="learner.cpu_matmul='fast': expected one of auto, onednn, torch"):
-        resolve("fast")
+        uses_onednn("fast")
 
 
 def test_a_local_run_is_refused_onednn_where_this_torch_lacks_it_before_any_model_loads(monkeypatch):

@@ -1,6 +1,6 @@
-"""Placements: where the roles run. Each takes the built policy and hands back the roles the loop uses
-(the engine evaluation samples with, the collector, the learner, the Ray connection); the loop's
-components are wired in :mod:`grpoplus.assemble`, the one module that builds them.
+"""Launching the roles where the plan's placement (:mod:`grpoplus.plan.placement`) runs them. Each launch takes the
+built policy and hands back the roles the loop uses (the engine evaluation samples with, the collector, the learner,
+the Ray connection); the loop's components are wired in :mod:`grpoplus.assemble`, the one module that builds them.
 
 - local: one process, or ``learner.data_parallel`` ranks on this machine (spawned here, or under
   torchrun) with rank 0 in this process;
@@ -24,7 +24,7 @@ from grpoplus.plan.run import LearnerRolePlan, RunPlan
 
 @dataclass
 class Roles:
-    """What a placement hands back to the wiring."""
+    """What a launch hands back to the wiring."""
 
     engine: object  # the engine held-out evaluation samples with (it also samples the rollouts when synchronous)
     scorer: object
@@ -35,7 +35,7 @@ class Roles:
 
 @dataclass
 class Collection:
-    """What every placement's collector is built from (the same on every placement)."""
+    """What every launch's collector is built from (the same local and on Ray)."""
 
     train: list
     plan: object  # grpoplus.collect.CollectPlan
@@ -43,8 +43,8 @@ class Collection:
     generator: torch.Generator
 
 
-def place_local(plan: RunPlan, model: torch.nn.Module, tokenizer, scorer, collection: Collection,
-                replay: bool) -> Roles:
+def launch_local(plan: RunPlan, model: torch.nn.Module, tokenizer, scorer, collection: Collection,
+                 replay: bool) -> Roles:
     """One process, or rank 0 of the local learner ranks; ``replay``: the policy is an MoE routed by its sampler."""
     from grpoplus.distributed.learner import Learner
 
@@ -90,7 +90,7 @@ def start_learner_group(role: LearnerRolePlan):
     return group, ranks
 
 
-def place_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collection: Collection) -> Roles:
+def launch_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collection: Collection) -> Roles:
     """cluster=ray: rollout workers, the learner group and reward scoring as Ray actors and tasks."""
     import ray
 
