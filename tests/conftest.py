@@ -43,7 +43,7 @@ def pytest_sessionfinish(session):
 
 
 RANKS = ("tests/distributed/", "tests/failures/test_sync_ray.py", "tests/sft/test_stage.py",
-         "tests/teacher/test_local_teacher.py", "tests/trainer/test_api.py")
+         "tests/teacher/test_local_teacher.py", "tests/entry/test_api.py")
 """Test files that start learner ranks, torchrun, Ray or a served model on ports of their own: under pytest-xdist
 (``-n auto --dist loadgroup``) they form one group, run in one worker in the order pytest collects them (as in one
 process), so two of them never pick and bind ports at once, nor meet a process group another file left."""

@@ -1,7 +1,7 @@
 """Every `grpoplus train` command in README and the docs is a valid command: its config builds and checks, and its
 dry run plans it (grpoplus train --dry-run: nothing loaded, what this machine lacks listed as needs). The files an
 example names as the user's own (a config, an environment, a run to resume) are made here first. The Python quick
-start trains for real (tests/trainer/test_readme_python.py)."""
+start trains for real (tests/test_readme_python.py)."""
 
 import contextlib
 import io

@@ -134,7 +134,7 @@ def test_the_hf_engine_samples_the_4bit_policy_itself_and_the_learner_agrees():
     learner, _ = response_logprobs(policy, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.response_ids,
                                    rollouts.response_mask)
     # the same module and kernels, the decode's KV cache against one full forward: float32 rounding (the
-    # mismatch metrics of a real run: mismatch/abs_p_diff_max ~1e-6, tests/trainer/test_qlora_e2e.py)
+    # mismatch metrics of a real run: mismatch/abs_p_diff_max ~1e-6, tests/loop/test_qlora_e2e.py)
     assert (learner - rollouts.logp_roll).abs().max() < 1e-5
     with pytest.raises(ValueError, match="cannot hold its adapters merged"):
         plain_model(policy)

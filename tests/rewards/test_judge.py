@@ -21,7 +21,7 @@ from grpoplus.rewards.judge import JudgeConfigError, judge_reward
 
 SMALL = ["prompts_per_step=4", "group_size=4", "max_new_tokens=10", "eval_size=6", "eval_samples=2",
          "progress=false", "loggers=[]", "doctor_every=2", "micro_batch_size=8"]
-"""The small settings of tests/trainer/test_train_e2e.py."""
+"""The small settings of tests/loop/test_train_e2e.py."""
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Helpers of the trainer tests: ``grpoplus train`` in a child process (optionally SIGKILLed after a step), and the
+"""Helpers of the whole-run tests: ``grpoplus train`` in a child process (optionally SIGKILLed after a step), and the
 exact-resume check the adapter runs share."""
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Collection with dynamic sampling: later rounds draw only the shortfall; DAPO's exactly-B rule."""
+"""Collection with dynamic sampling: later rounds draw only the shortfall; DAPO's exactly-B rule; the metrics of
+every round count."""
 
 import torch
 
 from grpoplus.collect import CollectPlan, collect, next_draw
 from grpoplus.containers import Rollouts, SamplingParams, ScoredGroups
 from grpoplus.data.order import PromptSampler
+from grpoplus.metrics.step import reduce_metrics
 from grpoplus.tasks.base import Example
 
 
@@ -93,3 +95,12 @@ def test_zero_variance_filter_oversample_is_drawn_per_trained_group():
     trained = out.batch.num_groups
     assert trained == sum(i % 10 != 0 for i in engine.calls[0])
     assert out.metrics["sampling/oversample"] == 10 / trained
+
+
+def test_reward_metrics_of_all_sampling_rounds_count():
+    # Two dynamic-sampling rounds: 2 + 1 errors and 0 + 3 timeouts happened in the step;
+    # a fraction averages, (0.25 + 0.75) / 2 = 0.5.
+    rounds = [{"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/math/none_frac": 0.25},
+              {"reward/errors": 1.0, "reward/timeouts": 3.0, "reward/math/none_frac": 0.75}]
+    assert reduce_metrics((r, 32.0) for r in rounds) == {"reward/errors": 3.0, "reward/timeouts": 3.0,
+                                                         "reward/math/none_frac": 0.5}
