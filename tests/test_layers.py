@@ -163,7 +163,7 @@ def test_the_checks_find_what_they_look_for():
 
 def test_the_layout_page_names_every_package_and_module_of_the_tree():
     # docs/concepts/layout.md is the map a contributor reads first: every package and top-level module is on it, and
-    # nothing on it is gone from the tree
+    # nothing on it is gone from the tree, nor a module it names from its package
     page = (ROOT.parent / "docs" / "concepts" / "layout.md").read_text()
     tree = page.split("```")[1]
     named = set(re.findall(r"^  (\w+/|\w+\.py)", tree, re.M)) | set(re.findall(r"\b(\w+\.py)\b", tree))
@@ -172,6 +172,14 @@ def test_the_layout_page_names_every_package_and_module_of_the_tree():
     assert sorted((packages | modules) - named) == []
     gone = sorted(n for n in re.findall(r"^  (\w+/|\w+\.py)", tree, re.M) if n not in packages | modules)
     assert gone == []
+    stale, package = [], None  # and every module a package's lines name is in that package
+    for line in tree.split("\ntests/")[0].splitlines():
+        if re.match(r"^  \w+/", line) or re.match(r"^  \w+\.py", line):
+            package = line.split()[0].rstrip("/") if line.split()[0].endswith("/") else None
+        base = ROOT / package if package else ROOT
+        stale += [f"{package or 'grpoplus'}: {name}" for name in re.findall(r"\b([a-z]\w*\.py)\b", line)
+                  if not any(base.rglob(name))]
+    assert stale == []
 
 
 def positional_plans() -> list[str]:
