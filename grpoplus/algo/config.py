@@ -13,14 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from grpoplus.algo.advantages import ADVANTAGES
-from grpoplus.algo.aggregation import AGGREGATIONS
-from grpoplus.algo.corrections import CORRECTIONS
-from grpoplus.algo.distill import DISTILL_LOSSES
-from grpoplus.algo.filters import overlong_cache_len
-from grpoplus.algo.kl import KL_ESTIMATORS
-from grpoplus.algo.losses import LOSSES
 from grpoplus.algo.presets import PRESETS
+from grpoplus.algo.registries import ADVANTAGES, AGGREGATIONS, CORRECTIONS, DISTILL_LOSSES, KL_ESTIMATORS, LOSSES
 
 _CHOICES = {
     "kl_placement": ("in_loss", "in_reward"),
@@ -34,6 +28,11 @@ _REGISTRIES = {"adv_estimator": ADVANTAGES, "loss": LOSSES, "aggregation": AGGRE
 _OPTIONAL = {"dual_clip_c", "correction_low", "correction_high", "correction_cap_low", "overlong_cache", "rs_sum_threshold"}
 # Losses whose trust region is [1-eps_low, 1+eps_high] on the ratio: eps_low must stay below 1.
 _RATIO_CLIP_LOSSES = ("clip", "gspo", "gspo_token")
+
+
+def overlong_cache_len(max_len: int, cache: int | None) -> int:
+    """``L_cache`` of the soft overlong punishment: ``cache`` when given, else ``max(1, max_len // 4)``."""
+    return cache if cache is not None else max(1, max_len // 4)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from grpoplus import algo as A
-from grpoplus.algo import AlgoConfig
+from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
