@@ -3,6 +3,7 @@
 ```
 RUN/
   config.yaml          the resolved config
+  plan/                what the run decided from it, a YAML file per part (grpoplus.plan.files; the dry run prints them)
   metrics.jsonl        one JSON object per step
   samples.jsonl        a few completions per step with rewards
   traces/step-N.jsonl.gz  every trained sample of step N, token by token (grpoplus.metrics.traces; run.traces)
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # the metrics reader imports this module and must stay free o
     from grpoplus.containers import ScoredGroups
 
 CONFIG_FILE = "config.yaml"
+PLAN_DIR = "plan"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TRACES_DIR = "traces"
@@ -47,6 +49,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / CONFIG_FILE
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN_DIR
 
     @property
     def metrics(self) -> Path:
