@@ -219,18 +219,26 @@ def doctor_page() -> str:
 
 
 def rules_page() -> str:
+    from grpoplus.algo.checks import CHECKS
     from grpoplus.config.rules import RULES
 
     out = ["# Config rules", "", GENERATED_NOTE, "",
            "Every config is checked against these rules when it is built (`grpoplus train`, `--dry-run`, "
            "`grpoplus.Trainer(...)`), in this order, before anything loads: the first rule a config breaks is its "
            "error, one line naming the keys and the fix (a `grpoplus.config.ConfigError`, a `ValueError`). The algo "
-           "section's own checks (ranges and names of `AlgoConfig`) run as it is built, before these, and name the "
-           "keys the same way (`algo.beta must be >= 0`). Values nobody gave (defaults, a preset's) are first fitted to "
+           "section's own checks (listed below the rules) run as it is built, before these. Values nobody gave "
+           "(defaults, a preset's) are first fitted to "
            "the ones given where a combination would otherwise be refused, each with a note on stderr "
            "(`grpoplus.config.rules.fit_defaults`).", "", "`grpoplus.config.rules.RULES`", "",
            "| rule | what it refuses unless it holds |", "|---|---|"]
     out += [f"| `{r.name}` | {cell(r.what)} |" for r in RULES]
+    out += ["", "## The algo section's own checks", "",
+            "`AlgoConfig` applies these as it is built, in this order, after the type of each field and the names "
+            "of its registered functions (`algo.loss`, `algo.adv_estimator`, `algo.corrections`, ...) are checked; the "
+            "error names the key as written in a config (`algo.beta must be >= 0, got -0.1`). The same checks run "
+            "for `AlgoConfig(...)` built in Python, with `AlgoConfig.` before the key.", "",
+            "`grpoplus.algo.checks.CHECKS`", "", "| check | what it refuses unless it holds |", "|---|---|"]
+    out += [f"| `{c.name}` | {cell(c.what)} |" for c in CHECKS]
     return "\n".join(out) + "\n"
 
 

@@ -204,3 +204,51 @@ def positional_plans() -> list[str]:
 def test_every_plan_is_built_by_keyword():
     """A plan of a dozen fields built by position breaks silently when a field is added; kw_only refuses that."""
     assert positional_plans() == []
+
+
+PATCHERS = {"grpoplus.models.cpu_matmul:use_cpu_matmul", "grpoplus.models.cpu_matmul:reset",
+            "grpoplus.models.attention:use_cpu_gqa", "grpoplus.learner.precision:set_tf32"}
+"""The functions that change a library's behaviour for the whole process, each installed by a run's process setup."""
+RESTORES = {"grpoplus.rollout.vllm_engine:VLLMEngine.__init__", "grpoplus.rollout.vllm_engine:classes_kept",
+            "grpoplus.models.load:_without_gguf_bar"}
+"""Where grpoplus puts back what vLLM's start replaced process-wide (torch.set_num_threads, module classes'
+``__call__``), and the one patch that lasts a block and is undone after it (transformers' GGUF progress bar)."""
+
+
+def module_patches() -> set[str]:
+    """``module:function`` of every assignment to an attribute of an imported module (``torch.nn.Linear.forward = f``)."""
+    found = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names if not (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("grpoplus"))}
+        found |= {f"{name}:{where}" for where in _patching_scopes(tree, "", imported)}
+    return found
+
+
+def _patching_scopes(node: ast.AST, where: str, imported: set[str]) -> set[str]:
+    """The dotted function or class names (``<module>`` at the top) under ``node`` that assign to an attribute of a
+    name in ``imported``."""
+    found = set()
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Assign):
+            for target in child.targets:
+                root = target
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(target, ast.Attribute) and isinstance(root, ast.Name) and root.id in imported:
+                    found.add(where or "<module>")
+        inner = (f"{where}.{child.name}" if where else child.name) if isinstance(
+            child, (ast.FunctionDef, ast.ClassDef)) else where
+        found |= _patching_scopes(child, inner, imported)
+    return found
+
+
+def test_only_the_process_setup_patches_a_library():
+    """A library user's own models behave as without grpoplus: nothing is patched on import or on loading a model;
+    the patches are functions a run's process setup (assemble.factories.build_process) calls, each with a reset."""
+    assert module_patches() - RESTORES == PATCHERS
+    callers = sorted(f"{name}:{node.lineno}" for name, path in MODULES.items() for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+                     in {"use_cpu_matmul", "use_cpu_gqa"})
+    assert [c.split(":")[0] for c in callers] == ["grpoplus.assemble.factories"] * 2

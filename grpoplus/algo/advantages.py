@@ -21,10 +21,9 @@ import torch
 from torch import Tensor
 
 from grpoplus.algo._util import batch_std, dense_groups, group_mean, group_std, group_sum
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import ADVANTAGES
 
 AdvantageFn = Callable[[Tensor, Tensor, int, float], Tensor]
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 # Variance floor of the token whitening, as verl's ``masked_whiten``: (x - mean) / sqrt(var + 1e-8).
 _TOKEN_WHITEN_VAR_EPS = 1e-8

@@ -18,7 +18,7 @@ from typing import Callable
 from torch import Tensor
 
 from grpoplus.algo._util import row_count, row_sum
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import AGGREGATIONS
 
 
 @dataclass
@@ -60,7 +60,6 @@ class LossNorm:
 
 
 AggregationFn = Callable[[Tensor, Tensor, LossNorm], Tensor]
-AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
 
 
 @AGGREGATIONS.register("token_mean")

@@ -13,14 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from grpoplus.algo.advantages import ADVANTAGES
-from grpoplus.algo.aggregation import AGGREGATIONS
-from grpoplus.algo.corrections import CORRECTIONS
-from grpoplus.algo.distill import DISTILL_LOSSES
-from grpoplus.algo.filters import overlong_cache_len
-from grpoplus.algo.kl import KL_ESTIMATORS
-from grpoplus.algo.losses import LOSSES
+from grpoplus.algo.checks import check_values
 from grpoplus.algo.presets import PRESETS
+from grpoplus.algo.registries import ADVANTAGES, AGGREGATIONS, CORRECTIONS, DISTILL_LOSSES, KL_ESTIMATORS, LOSSES
 
 _CHOICES = {
     "kl_placement": ("in_loss", "in_reward"),
@@ -32,8 +27,11 @@ _CHOICES = {
 }
 _REGISTRIES = {"adv_estimator": ADVANTAGES, "loss": LOSSES, "aggregation": AGGREGATIONS, "kl_estimator": KL_ESTIMATORS}
 _OPTIONAL = {"dual_clip_c", "correction_low", "correction_high", "correction_cap_low", "overlong_cache", "rs_sum_threshold"}
-# Losses whose trust region is [1-eps_low, 1+eps_high] on the ratio: eps_low must stay below 1.
-_RATIO_CLIP_LOSSES = ("clip", "gspo", "gspo_token")
+
+
+def overlong_cache_len(max_len: int, cache: int | None) -> int:
+    """``L_cache`` of the soft overlong punishment: ``cache`` when given, else ``max(1, max_len // 4)``."""
+    return cache if cache is not None else max(1, max_len // 4)
 
 
 @dataclass(frozen=True)
@@ -376,106 +374,16 @@ class AlgoConfig:
             for param in getattr(CORRECTIONS.get(name), "needs", ()):
                 if self.correction_kwargs()[param] is None:
                     raise ValueError(f"AlgoConfig.corrections: {name!r} needs {param} (set it to a number)")
+        if self.distill_loss != "off" and self.distill_loss not in DISTILL_LOSSES:
+            raise ValueError(f"AlgoConfig.distill_loss={self.distill_loss!r} is not valid; choose one of: off, "
+                             f"{', '.join(DISTILL_LOSSES.names())}")
         if len(set(self.corrections)) != len(self.corrections):
             raise ValueError(f"AlgoConfig.corrections lists a correction twice: {list(self.corrections)}")
 
     def _check_values(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(f"AlgoConfig.{msg}")
-
-        need(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
-        need(
-            self.adv_whiten == "response" or self.reward_aggregation == "gdpo"
-            or getattr(ADVANTAGES.get(self.adv_estimator), "batch_whitened", False),
-            f"adv_whiten='token' acts on an estimator that whitens over the batch (reinforce_pp) or with "
-            f"reward_aggregation='gdpo'; adv_estimator={self.adv_estimator!r} does neither",
-        )
-        need(self.eps_low >= 0 and self.eps_high >= 0, f"eps_low/eps_high must be >= 0, got {self.eps_low}/{self.eps_high}")
-        if self.loss in _RATIO_CLIP_LOSSES:
-            need(self.eps_low < 1, f"eps_low must be < 1 for loss={self.loss!r} (ratio clip 1-eps_low), got {self.eps_low}")
-        need(self.dual_clip_c is None or self.dual_clip_c > 1, f"dual_clip_c must be > 1 (or None = off), got {self.dual_clip_c}")
-        need(self.pg_cap > 0, f"pg_cap must be > 0, got {self.pg_cap}")
-        need(self.tau_pos > 0 and self.tau_neg > 0, f"tau_pos/tau_neg must be > 0, got {self.tau_pos}/{self.tau_neg}")
-        need(0 < self.cov_ratio <= 1, f"cov_ratio must be in (0, 1], got {self.cov_ratio}")
-        need(self.cov_lb < self.cov_ub, f"cov_lb ({self.cov_lb}) must be < cov_ub ({self.cov_ub})")
-        need(self.kl_cov_coef >= 0, f"kl_cov_coef must be >= 0, got {self.kl_cov_coef}")
-        need(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
-        self._check_entropy(need)
-        self._check_reference(need)
-        self._check_distill(need)
-        self._check_corrections(need)
-        self._check_sampling(need)
-        need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
-        need(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
-
-    def _check_entropy(self, need) -> None:
-        need(self.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus), got {self.entropy_coef}")
-        need(self.entropy_target >= 0, f"entropy_target must be >= 0, got {self.entropy_target}")
-        need(self.entropy_coef_delta > 0, f"entropy_coef_delta must be > 0, got {self.entropy_coef_delta}")
-        need(0 <= self.entropy_coef_min <= self.entropy_coef_max,
-             f"entropy_coef_min/max must satisfy 0 <= min <= max, got {self.entropy_coef_min}/{self.entropy_coef_max}")
-        need(not self.entropy_adaptive or self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max,
-             f"entropy_coef={self.entropy_coef} must lie in [entropy_coef_min, entropy_coef_max] with entropy_adaptive")
-
-    def _check_distill(self, need) -> None:
-        need(self.lambda_opd >= 0, f"lambda_opd must be >= 0 (0 = off), got {self.lambda_opd}")
-        need(self.distill_loss == "off" or self.distill_loss in DISTILL_LOSSES,
-             f"distill_loss={self.distill_loss!r} is not valid; choose one of: off, {', '.join(DISTILL_LOSSES.names())}")
-        need(self.distill_coef >= 0, f"distill_coef must be >= 0, got {self.distill_coef}")
-        need(0 <= self.gjsd_beta <= 1, f"gjsd_beta must be in [0, 1], got {self.gjsd_beta}")
-        need(self.opd_outcome or self.lambda_opd > 0,
-             "opd_outcome=false drops the outcome advantage, leaving the teacher's term: set lambda_opd > 0")
+        check_values(self)
 
     @property
     def uses_teacher(self) -> bool:
         """True when a teacher model scores the samples (the opd advantage or a distillation loss)."""
         return self.lambda_opd > 0 or self.distill_loss != "off"
-
-    def _check_reference(self, need) -> None:
-        need(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        need(
-            not (self.kl_estimator == "k3_is" and self.kl_placement == "in_reward"),
-            "kl_estimator='k3_is' needs kl_placement='in_loss' (in_reward always uses k1)",
-        )
-        need(
-            not (self.reward_aggregation == "gdpo" and self.beta > 0 and self.kl_placement == "in_reward"),
-            "reward_aggregation='gdpo' normalises reward components, not a summed reward: use kl_placement='in_loss'",
-        )
-        need(self.ref_reset_every >= 0, f"ref_reset_every must be >= 0 (0 = never), got {self.ref_reset_every}")
-        need(
-            not (self.ref_reset_every > 0 and self.beta == 0),
-            "ref_reset_every > 0 needs beta > 0 (with beta = 0 there is no reference model to reset)",
-        )
-        need(0 < self.ref_update_alpha <= 1, f"ref_update_alpha must be in (0, 1], got {self.ref_update_alpha}")
-        need(self.ref_update_alpha == 1 or self.ref_reset_every > 0,
-             f"ref_update_alpha={self.ref_update_alpha} needs ref_reset_every > 0 (the period of the soft update)")
-        need(not (self.ref_reset_optimizer and self.ref_update_alpha < 1),
-             "ref_reset_optimizer goes with the hard reset (ref_update_alpha = 1), not with a soft update")
-
-    def _check_corrections(self, need) -> None:
-        need(self.correction_cap > 0, f"correction_cap must be > 0, got {self.correction_cap}")
-        need(self.correction_cap_low is None or 0 < self.correction_cap_low <= self.correction_cap,
-             f"correction_cap_low must be in (0, correction_cap={self.correction_cap}] or None, got {self.correction_cap_low}")
-        need(self.correction_low is None or self.correction_low >= 0, f"correction_low must be >= 0, got {self.correction_low}")
-        need(
-            self.correction_low is None or self.correction_high is None or self.correction_low <= self.correction_high,
-            f"correction_low ({self.correction_low}) must be <= correction_high ({self.correction_high})",
-        )
-        need(self.rs_threshold > 0, f"rs_threshold must be > 0, got {self.rs_threshold}")
-        need(self.rs_sum_threshold is None or self.rs_sum_threshold > 0,
-             f"rs_sum_threshold must be > 0 or None, got {self.rs_sum_threshold}")
-
-    def _check_sampling(self, need) -> None:
-        need(self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
-        need(
-            not (self.dynamic_sampling and self.zero_variance_filter),
-            "dynamic_sampling and zero_variance_filter are exclusive (dynamic sampling already drops all-equal groups, "
-            "with refill)",
-        )
-        need(
-            self.overlong_cache is None or 0 < self.overlong_cache <= self.max_len,
-            f"overlong_cache must be in [1, max_len={self.max_len}], got {self.overlong_cache}",
-        )
-        need(self.gfpo_keep >= 0, f"gfpo_keep must be >= 0 (0 = off), got {self.gfpo_keep}")
-        need(0 < self.entropy_mask_rho <= 1, f"entropy_mask_rho must be in (0, 1], got {self.entropy_mask_rho}")

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from grpoplus.algo._util import fraction, row_mean, row_sum
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import CORRECTIONS
 
 
 class Correction(NamedTuple):
@@ -48,7 +48,6 @@ class Correction(NamedTuple):
 
 
 CorrectionFn = Callable[..., Correction]
-CORRECTIONS: Registry[CorrectionFn] = Registry("correction")
 
 # verl's safety bound on the log-ratio inside the k2/k3 rejection statistics.
 _RS_LOG_BOUND = 20.0

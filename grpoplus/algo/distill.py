@@ -28,10 +28,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import DISTILL_LOSSES
 
 DistillFn = Callable[..., Tensor]
-DISTILL_LOSSES: Registry[DistillFn] = Registry("distillation loss")
 
 
 def opd_token_kl(logp_old: Tensor, logp_teacher: Tensor, mask: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from grpoplus.algo._util import dense_groups
+from grpoplus.algo.config import overlong_cache_len
 
 
 def _group_min_max(rewards: Tensor, group_ids: Tensor, scored: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -84,11 +85,6 @@ def soft_overlong_penalty(lengths: Tensor, max_len: int, cache: int | None = Non
     ramp = (start - length) / cache
     penalty = torch.where(length <= start, torch.zeros_like(length), ramp)
     return torch.where(length > max_len, torch.full_like(length, -1.0), penalty).float()
-
-
-def overlong_cache_len(max_len: int, cache: int | None) -> int:
-    """``L_cache``: ``cache`` when given, else ``max(1, max_len // 4)``."""
-    return cache if cache is not None else max(1, max_len // 4)
 
 
 def gfpo_select(rewards: Tensor, lengths: Tensor, group_ids: Tensor, k: int, metric: str = "length") -> Tensor:

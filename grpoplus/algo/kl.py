@@ -16,10 +16,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import KL_ESTIMATORS
 
 KLFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
 
 # exp() arguments above this are clamped where two exponentials multiply (k3_is), so the
 # product stays finite in float32 for log-ratios up to +-50.

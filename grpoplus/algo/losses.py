@@ -32,10 +32,9 @@ from torch import Tensor
 
 from grpoplus.algo._util import fraction, masked_mean, row_mean, row_sum
 from grpoplus.algo.covariance import clip_cov_select, kl_cov_select
-from grpoplus.core.registry import Registry
+from grpoplus.algo.registries import LOSSES
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-LOSSES: Registry[LossFn] = Registry("policy loss")
 
 # Log-ratios are clamped here before exp() in the losses that follow verl's definition
 # (SAPO, DPPO): exp(20) ~ 4.9e8 stays finite in every float dtype.

@@ -20,6 +20,7 @@ from grpoplus.containers import SamplingParams
 from grpoplus.data.lengths import model_context
 from grpoplus.data.order import PromptSampler
 from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
+from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
 from grpoplus.plan.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
@@ -36,7 +37,8 @@ def build_process(process: ProcessPlan) -> None:
         set_tf32(process.tf32)
     if process.threads:
         torch.set_num_threads(process.threads)
-    use_cpu_matmul(process.cpu_matmul)
+    use_cpu_matmul(process.cpu_matmul)  # the models grpoplus loads (marked as loaded); no other model's layers
+    use_cpu_gqa()  # grouped key/value heads on a CPU attended without a copy per query head
 
 
 def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:

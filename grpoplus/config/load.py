@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from grpoplus.algo import AlgoConfig
+from grpoplus.algo.config import AlgoConfig
 from grpoplus.config.rules import check, fit_defaults
 from grpoplus.config.sections import BOOL_CHOICES, SECTIONS, Config, ConfigError, response_budget
 

@@ -181,11 +181,18 @@ def _quantize(cfg: Config) -> None:
 
 @rule("sampler_weights")
 def _sampler_weights(cfg: Config) -> None:
-    """The rollout engine can sample with the weights asked for: the hf engine's int8 kernels on a CPU in float32, vLLM
-    with int8 or fp8 weights in bfloat16 and LoRA adapters up to vLLM's largest rank."""
+    """The rollout engine can sample with the weights and options asked for: the hf engine's int8 kernels on a CPU in
+    float32 and its one option (rollout.engine_kwargs.pack_weights), vLLM with int8 or fp8 weights in bfloat16 and
+    LoRA adapters up to vLLM's largest rank."""
     r, lrn = cfg.rollout, cfg.learner
     gpu = lrn.device.startswith("cuda")
     if r.engine == "hf":
+        from grpoplus.rollout.hf import hf_engine_kwargs  # the engine's own check, for its Python callers too
+
+        try:
+            hf_engine_kwargs(r.engine_kwargs)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if r.quantization == "fp8":
             raise ConfigError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
                              "rollout.quantization=int8 (the hf engine's CPU int8 kernels) or bf16_rounded")

@@ -10,10 +10,7 @@ from typing import Any, Literal
 
 import yaml
 
-from grpoplus.algo import AlgoConfig
-from grpoplus.data.lengths import LONG_PROMPTS
-from grpoplus.data.loaders import ANSWER_FORMATS, BAD_ROW_POLICIES
-from grpoplus.learner.precision import PRECISIONS
+from grpoplus.algo.config import AlgoConfig
 
 
 class ConfigError(ValueError):
@@ -96,15 +93,15 @@ class DataConfig:
     """Column of `data` holding the prompt."""
     answer_field: str = "answer"
     """Column of `data` holding the reference answer."""
-    answer_format: Literal[ANSWER_FORMATS] = "auto"
+    answer_format: Literal["raw", "gsm8k", "math", "auto"] = "auto"
     """How to read the reference answer: raw | gsm8k | math | auto."""
-    on_bad_row: Literal[BAD_ROW_POLICIES] = "skip"
+    on_bad_row: Literal["skip", "error"] = "skip"
     """Malformed data rows (invalid JSON or UTF-8, a missing field, no answer): skip (reported with line numbers) |
     error."""
     max_prompt_tokens: int | None = None
     """Longest prompt in tokens, after the chat template, as the engine encodes it (None = the model's context minus
     rollout.max_new_tokens; no limit for a model that names no context). Single-turn prompts only."""
-    long_prompts: Literal[LONG_PROMPTS] = "refuse"
+    long_prompts: Literal["refuse", "truncate_left", "drop"] = "refuse"
     """A prompt longer than data.max_prompt_tokens: refuse (stop before training, naming the longest) | truncate_left
     (keep its last tokens) | drop; both counted (data/prompts_truncated, data/prompts_dropped in step 0's record)."""
     eval_size: int = 200
@@ -274,7 +271,7 @@ class LearnerConfig:
     the training forward's own detached log-probs, which are exactly pi_old (saves a pass)."""
     device: str = "cpu"
     """torch device of the learner (and of the hf rollout engine): cpu, cuda, cuda:1, ..."""
-    precision: Literal[PRECISIONS] = "fp32"
+    precision: Literal["fp32", "bf16_mixed"] = "fp32"
     """fp32 | bf16_mixed: float32 master weights, gradients and AdamW state with the matmuls of every learner
     forward in bfloat16 (autocast; log-softmax and loss in float32), the reference's linear weights stored in
     bfloat16, and the rollout engines sampling in bfloat16 (Micikevicius et al. 2018, arXiv:1710.03740)."""

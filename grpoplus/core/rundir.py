@@ -3,6 +3,7 @@
 ```
 RUN/
   config.yaml          the resolved config
+  plan/                what the run decided from it, a YAML file per part (grpoplus.plan.files; the dry run prints them)
   metrics.jsonl        one JSON object per step
   samples.jsonl        a few completions per step with rewards
   traces/step-N.jsonl.gz  every trained sample of step N, token by token (grpoplus.metrics.traces; run.traces)
@@ -21,6 +22,7 @@ import shutil
 from pathlib import Path
 
 CONFIG_FILE = "config.yaml"
+PLAN_DIR = "plan"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TRACES_DIR = "traces"
@@ -43,6 +45,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / CONFIG_FILE
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN_DIR
 
     @property
     def metrics(self) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from grpoplus.dryrun.memory import gigabytes
+from grpoplus.plan import plan_files
 
 if TYPE_CHECKING:
     from grpoplus.dryrun import DryRun
@@ -17,7 +18,10 @@ NOT_COUNTED = ("memory per device (estimate: weights, gradients, AdamW state, re
 
 
 def render(run: DryRun) -> str:
-    lines = [HEADER, "", "resolved config (what RUN/config.yaml would hold):"]
+    lines = [HEADER, "", "the plan (what the run writes as RUN/plan/*.yaml; each role's process receives its part):"]
+    for name, text in plan_files(run.plan).items():
+        lines += [f"  {name}:"] + [f"    {line}" for line in text.splitlines()]
+    lines += ["", "resolved config (what RUN/config.yaml would hold):"]
     lines += [f"  {line}" for line in run.config_yaml.splitlines()]
     lines += ["", "decided from it (grpoplus.plan.resolve):"] + _decided(run)
     lines += ["", "roles:"] + [f"  {role.name:<10} {role.where}" for role in run.roles]

@@ -25,7 +25,7 @@ import torch
 from grpoplus.containers import Rollouts
 from grpoplus.learner.packing import PackedRows, pack_rows, packing_pays
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
-from grpoplus.models.cpu_matmul import mm
+from grpoplus.models.cpu_matmul import mm, routes
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
 
@@ -57,7 +57,9 @@ class ChunkedHeadLogProb(torch.autograd.Function):
     Forward: hidden [M, H], weight [V, H], tokens [M] long -> (logp [M], entropy [M] (no
     grad) or None), float32 (float64 for float64 inputs). Per chunk of rows, ``z = h W^T / T``,
     ``logp = z[tok] - logsumexp(z)``. Backward: ``d logp / d z = onehot(tok) - softmax(z)``; with
-    ``g`` the incoming gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``.
+    ``g`` the incoming gradient, ``dz = g (onehot - p) / T``, ``d h = dz W`` and ``d W = dz^T h``. ``onednn``: the
+    products by oneDNN where the process routes float32 CPU products so (the head is a marked layer,
+    :func:`grpoplus.models.cpu_matmul.routes`).
     The whole softmax is kept for the backward where it takes at most :data:`SAVED_SOFTMAX_BYTES` (a fourth of
     the head's matmuls saved: the logits are not computed again; the backward's two products then run once over
     all rows, faster than per chunk), else only the [M] logsumexp is and each chunk's ``z`` is recomputed. A tied
@@ -67,7 +69,7 @@ class ChunkedHeadLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
-                with_entropy: bool):
+                with_entropy: bool, onednn: bool = False):
         work = float_work_dtype(hidden.dtype)
         logp = hidden.new_empty(hidden.shape[0], dtype=work)  # [M]
         lse = torch.empty_like(logp)  # [M]
@@ -76,7 +78,7 @@ class ChunkedHeadLogProb(torch.autograd.Function):
         # the whole softmax [M, V] for the backward, filled chunk by chunk: its products then run once over all rows
         ctx.probs = hidden.new_empty(hidden.shape[0], weight.shape[0], dtype=work) if keep else None
         for rows in row_slices(hidden.shape[0], weight.shape[0]):
-            z = mm(hidden[rows], weight.T).to(work).div_(temperature)  # [c, V]
+            z = mm(hidden[rows], weight.T, onednn).to(work).div_(temperature)  # [c, V]
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
             if with_entropy or keep:  # softmax(z)
@@ -84,7 +86,7 @@ class ChunkedHeadLogProb(torch.autograd.Function):
             if with_entropy:  # H = logsumexp(z) - sum_v p_v z_v (a batched dot: no [c, V] product)
                 entropy[rows] = lse[rows] - torch.bmm(p[:, None], z[:, :, None]).view(-1)
         ctx.save_for_backward(hidden, weight, tokens, lse)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.onednn = temperature, onednn
         ctx.autocast = _autocast_state(hidden.device.type)
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -103,17 +105,17 @@ class ChunkedHeadLogProb(torch.autograd.Function):
                 dz = probs.neg_()  # -softmax(z), every row
             else:
                 with autocast_to(ctx.autocast, hidden.device):  # the forward's precision: the same z
-                    z = mm(h, weight.T).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
+                    z = mm(h, weight.T, ctx.onednn).to(lse.dtype).div_(ctx.temperature)  # [c, V], recomputed
                 dz = z.sub_(lse[rows, None]).exp_().neg_()
             dz.scatter_add_(-1, tokens[rows, None], torch.ones_like(dz[:, :1]))  # onehot(tok) - softmax(z)
             dz.mul_(grad_logp[rows, None] / ctx.temperature)
             if need_h:
                 with autocast_to(ctx.autocast, hidden.device):
-                    d_hidden[rows] = mm(dz.to(weight.dtype), weight).to(hidden.dtype)
+                    d_hidden[rows] = mm(dz.to(weight.dtype), weight, ctx.onednn).to(hidden.dtype)
             if need_w:
-                part = mm(dz.T, h.to(lse.dtype))  # [V, H]
+                part = mm(dz.T, h.to(lse.dtype), ctx.onednn)  # [V, H]
                 d_weight = part if d_weight is None else d_weight.add_(part)
-        return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None
+        return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None, None
 
 
 def _autocast_state(device_type: str) -> torch.dtype | None:
@@ -199,7 +201,8 @@ def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mas
         if hidden is None:
             hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
         hidden = hidden[where]  # [M, H]
-    logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden, head.weight, tokens[where], temperature, with_entropy)  # [M]
+    logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden, head.weight, tokens[where], temperature, with_entropy,
+                                                 routes(head))  # [M]
     return _scattered(logp_m, where, tokens.shape), _scattered(entropy_m, where, tokens.shape) if with_entropy else None
 
 

@@ -31,7 +31,7 @@ from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.traces import TraceWriter
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
-from grpoplus.plan import eval_plan, resolve
+from grpoplus.plan import eval_plan, resolve, write_plan_files
 
 
 @dataclass
@@ -125,6 +125,7 @@ def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict]
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
+        write_plan_files(run_dir.plan, plan)
         print_inert_notice(cfg)
         if start == 0:
             for line in preflight(cfg, c).findings:

@@ -6,12 +6,15 @@ by 576 x 1536 and the like) ran at 80-115 GFLOP/s on one core through MKL and at
 library PyTorch bundles for its CPU inference kernels: 2-2.5x, for the forward product and both backward ones
 (``dX = dY W``, ``dW = dY^T X``), the same numbers to float32 rounding (``benchmarks/cpu_matmul.py``).
 
-:func:`use_cpu_matmul` makes every ``nn.Linear`` of the process (and :func:`mm`, the chunked LM head's products) send
-float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, which reads the weight as it is stored: no
-copy), with a backward of its own of the same products. Everything else keeps torch's path: other dtypes, autocast
-(``learner.precision=bf16_mixed``), GPUs, tensor subclasses (sharded DTensors, 4-bit weights), tracing under
-``torch.compile``. The mode (``learner.cpu_matmul``): ``auto`` uses oneDNN on AMD x86 CPUs (where it was measured
-faster) and torch's BLAS elsewhere; ``onednn`` and ``torch`` force one.
+The routing is scoped to the models grpoplus loads: :func:`route` marks each ``nn.Linear`` of one model (a plain
+attribute, kept through a copy, pickling, peft's wrapping and FSDP2's class swap), and :func:`use_cpu_matmul`, called
+by a run's process setup only (never on import or on loading a model), sets the process's mode. A marked layer (and
+:func:`mm`, the chunked LM head's products, where its head is marked) then sends float32 CPU products to oneDNN
+(``torch.ops.mkldnn._linear_pointwise``, which reads the weight as it is stored: no copy), with a backward of its own
+of the same products; a layer of any other model (a library user's own) computes as torch does. Everything else
+keeps torch's path too: other dtypes, autocast (``learner.precision=bf16_mixed``), GPUs, tensor subclasses (sharded
+DTensors, 4-bit weights), tracing under ``torch.compile``. The mode (``learner.cpu_matmul``): ``auto`` uses oneDNN
+on AMD x86 CPUs (where it was measured faster) and torch's BLAS elsewhere; ``onednn`` and ``torch`` force one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import torch.nn.functional as F
 from grpoplus.models.device import cpuinfo
 
 MODES = ("auto", "onednn", "torch")
+MARK = "grpoplus_cpu_matmul"
+"""The attribute :func:`route` sets on a linear layer of a model grpoplus loaded."""
 _state = {"active": False, "installed": False}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -54,24 +59,48 @@ def uses_onednn(mode: str) -> bool:
     return mode == "onednn"
 
 
-def use_cpu_matmul(mode: str | None = None) -> bool:
-    """Route float32 CPU linear layers by ``mode`` from now on in this process (None: keep the mode set before,
-    ``auto`` at first); returns whether oneDNN is used. Installs the routing into ``nn.Linear`` once."""
-    if mode is not None or not _state["installed"]:
-        _state["active"] = uses_onednn(mode or "auto")
-    if not _state["installed"]:
+def use_cpu_matmul(mode: str) -> bool:
+    """Route the float32 CPU products of the layers :func:`route` marked by ``mode`` from now on in this process (a
+    run's process setup calls it); returns whether oneDNN is used."""
+    _state["active"] = uses_onednn(mode)
+    if not _state["installed"]:  # unmarked layers keep torch's own computation (_linear_forward)
         torch.nn.Linear.forward = _linear_forward
         _state["installed"] = True
     return _state["active"]
 
 
+def reset() -> None:
+    """Undo :func:`use_cpu_matmul` (tests): ``nn.Linear`` gets torch's forward back and nothing is routed."""
+    if _state["installed"]:
+        torch.nn.Linear.forward = _TORCH_FORWARD
+    _state.update(active=False, installed=False)
+
+
+def route(model: torch.nn.Module) -> torch.nn.Module:
+    """Mark every ``nn.Linear`` of ``model`` for the process's mode (:func:`use_cpu_matmul`); returns ``model``."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            setattr(module, MARK, True)
+    return model
+
+
+def routes(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s float32 CPU products go to oneDNN: it is marked and the process's mode says so."""
+    return _state["active"] and module.__dict__.get(MARK, False)
+
+
 def in_use() -> bool:
-    """Whether this process's ``nn.Linear`` layers send float32 CPU products to oneDNN."""
+    """Whether this process sends the float32 CPU products of marked layers to oneDNN."""
     return _state["installed"] and _state["active"]
 
 
+_TORCH_FORWARD = torch.nn.Linear.forward
+
+
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
+    if self.__dict__.get(MARK, False):
+        return linear(x, self.weight, self.bias)
+    return F.linear(x, self.weight, self.bias)
 
 
 def _routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -93,10 +122,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _Linear.apply(x, weight, bias) if grads else onednn_linear(x, weight, bias)
 
 
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mm(a: torch.Tensor, b: torch.Tensor, onednn: bool = True) -> torch.Tensor:
     """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N] in a custom autograd function's forward or backward, by oneDNN
-    where routed; torch's differentiable product where grad mode is on (a backward building a second derivative)."""
-    routed = _routed(a, b) and a.dim() == b.dim() == 2 and not torch.is_grad_enabled()
+    where routed (``onednn``: the caller's layer is, :func:`routes`); torch's differentiable product where grad mode is
+    on (a backward building a second derivative)."""
+    routed = onednn and _routed(a, b) and a.dim() == b.dim() == 2 and not torch.is_grad_enabled()
     return onednn_linear(a, b.T) if routed else a @ b
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpoplus.models.attention import use_cpu_gqa
-from grpoplus.models.cpu_matmul import use_cpu_matmul
+from grpoplus.models.cpu_matmul import route
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
 
@@ -103,11 +102,10 @@ def load_policy(
 
 def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | None = None):
     """``(policy on device, tokenizer)`` for left-padded generation: a pad token (EOS when it has none) known to
-    the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves. Grouped key/value
-    heads on a CPU are attended without copies from now on (:mod:`grpoplus.models.attention`), float32 linear layers
-    multiplied by the library the process's ``learner.cpu_matmul`` names (:mod:`grpoplus.models.cpu_matmul`)."""
-    use_cpu_gqa()
-    use_cpu_matmul()
+    the model's configs; ``quantize``: its 4-bit base made where it was loaded, before it moves. Its linear layers
+    are marked to multiply float32 on a CPU by the library the run's ``learner.cpu_matmul`` names
+    (:func:`grpoplus.models.cpu_matmul.route`; a process that set no mode keeps torch's)."""
+    route(policy)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token

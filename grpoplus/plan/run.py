@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from grpoplus import algo as A
-from grpoplus.algo import AlgoConfig
+from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
@@ -174,17 +174,18 @@ class RunPlan:
     eval: EvalPlan
 
     def to_dict(self) -> dict:
-        """Every derived decision as plain data (the config itself is in ``config.yaml``)."""
+        """Every derived decision as plain data, by part (the config itself is in ``config.yaml``)."""
         return {f.name: _plain(dataclasses.asdict(getattr(self, f.name)))
                 for f in dataclasses.fields(self) if f.name != "config"}
 
 
 def _plain(value):
+    """YAML's plain types: a value of another type (a task's difficulty object, a path) as its text."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    return value
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def resolve(cfg: Config) -> RunPlan:

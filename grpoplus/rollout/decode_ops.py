@@ -5,10 +5,10 @@
   allocates the sampled rows' cache once at its final length; a step writes one position.
 - Attention: transformers' SDPA path expands grouped key/value heads to the query heads
   (``repeat_kv``, another copy of the cache per layer and step) whenever a mask is given,
-  which left padding always needs. The engine decodes under
-  :func:`grpoplus.models.attention.use_cpu_gqa`, the learner's own fix: on a CPU the
-  un-expanded heads go to ``scaled_dot_product_attention(enable_gqa=True)``, the same numbers
-  with no copy (a GPU keeps transformers' choice).
+  which left padding always needs. A run's process setup installs
+  :func:`grpoplus.models.attention.use_cpu_gqa`, the learner's own fix, for the engine too: on a
+  CPU the un-expanded heads go to ``scaled_dot_product_attention(enable_gqa=True)``, the same
+  numbers with no copy (a GPU keeps transformers' choice).
 - Linear layers: a decode step multiplies a few rows by every weight matrix, where MKL's
   plain GEMM is slow on a CPU. :func:`packed_linears` multiplies by a copy of every fp32
   weight that oneDNN reordered once per rollout (the kernels PyTorch's own CPU inference

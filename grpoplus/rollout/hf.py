@@ -18,7 +18,6 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from grpoplus.containers import Rollouts, SamplingParams
-from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.device import autocast_to
 from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_model
@@ -77,7 +76,6 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """
     rows = int(repeats.sum())
     packed = packed_linears(model, rows, dtype, opaque=step is not None) if pack_weights else nullcontext()
-    use_cpu_gqa()  # grouped key/value heads attended without a copy per query head (a CPU; idempotent)
     with packed, autocast_to(dtype, input_ids.device):
         state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens, step)
         return sample_loop(state, params, stop_ids, pad_id, generator)

@@ -271,6 +271,8 @@ def test_vllm_refuses_a_lora_rank_above_its_largest_in_the_config():
     (["loss=foo"], r"^algo.loss='foo' is not valid; choose one of: "),
     (["quantization=fp8"], r"^rollout.quantization=fp8 needs fp8 GPU kernels"),  # a named rule
     (["beta=x"], r"^config key algo.beta: 'x' is not a valid float$"),  # the key's type
+    (["rollout.engine_kwargs={gpu_memory_utilization: 0.5}"], r"^rollout.engine_kwargs \['gpu_memory_utilization'\]: "
+                                                              r"the hf engine takes only pack_weights"),  # the engine's
 ])
 def test_a_refused_config_is_a_config_error_naming_the_keys_as_the_user_writes_them(overrides, message):
     from grpoplus.config import ConfigError

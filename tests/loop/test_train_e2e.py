@@ -26,7 +26,7 @@ def _train(*args) -> int:
     return main(["train", *args])
 
 
-def test_train_writes_the_run_directory(nano_dir, tmp_path):
+def test_train_writes_the_run_directory(nano_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert _train("--model", nano_dir, "--out", str(out), "max_steps=3", "eval_every=2", "save_every=2", *SMALL) == 0
     records = read_metrics(out)
@@ -37,6 +37,15 @@ def test_train_writes_the_run_directory(nano_dir, tmp_path):
         assert key in records[3] or key in records[2], key
     assert (out / "config.yaml").is_file()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    # the plan its roles received, as files; the dry run of the same command prints exactly these, first
+    files = {p.name: p.read_text() for p in sorted((out / "plan").iterdir())}
+    assert sorted(files) == ["eval.yaml", "learner.yaml", "lora.yaml", "placement.yaml", "rollout.yaml"]
+    capsys.readouterr()
+    assert _train("--dry-run", "--model", nano_dir, "--out", str(out), "max_steps=3", "eval_every=2", "save_every=2",
+                  *SMALL) == 0
+    printed = capsys.readouterr().out.split("resolved config")[0]
+    for name, text in files.items():
+        assert f"  {name}:\n" + "".join(f"    {line}\n" for line in text.splitlines()) in printed, name
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == {1, 2, 3}
 

@@ -1,5 +1,6 @@
 """Float32 linear layers on a CPU through oneDNN (learner.cpu_matmul): the same outputs and gradients as torch's
-path, oneDNN really doing the products where routed and never where it must not, and the mode's one-line errors."""
+path, oneDNN really doing the products where routed and never where it must not (another dtype, autocast, a model
+grpoplus did not load), and the mode's one-line errors."""
 
 import copy
 
@@ -11,15 +12,16 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpoplus.config import build_config
 from grpoplus.learner.logprobs import ChunkedHeadLogProb
 from grpoplus.models import cpu_matmul
-from grpoplus.models.cpu_matmul import linear, mm, use_cpu_matmul, uses_onednn
+from grpoplus.models.cpu_matmul import linear, mm, route, use_cpu_matmul, uses_onednn
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch has no oneDNN linear op")
 
 
 @pytest.fixture
 def mode(monkeypatch):
-    """Sets the process's mode for one test; the mode before it is restored after."""
+    """Sets the process's mode for one test; the mode and ``nn.Linear``'s forward before it are restored after."""
     monkeypatch.setattr(cpu_matmul, "_state", dict(cpu_matmul._state))
+    monkeypatch.setattr(torch.nn.Linear, "forward", torch.nn.Linear.forward)
     return use_cpu_matmul
 
 
@@ -33,7 +35,7 @@ def products(monkeypatch):
 
 def _grads(x_shape, bias, frozen=False, transposed=False):
     torch.manual_seed(0)
-    layer = torch.nn.Linear(96, 80, bias=bias).requires_grad_(not frozen)
+    layer = route(torch.nn.Linear(96, 80, bias=bias)).requires_grad_(not frozen)
     x = torch.randn(*x_shape[::-1]).T if transposed else torch.randn(*x_shape)
     x.requires_grad_(True)
     out = layer(x)
@@ -65,7 +67,7 @@ def test_onednn_linear_equals_torch_forward_and_backward(mode, products, x_shape
 @needs_onednn
 def test_torch_keeps_what_onednn_must_not_take(mode, products):
     mode("onednn")
-    layer = torch.nn.Linear(16, 8)
+    layer = route(torch.nn.Linear(16, 8))
     x = torch.randn(4, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16_mixed: autocast's bf16 product
         assert layer(x).dtype == torch.bfloat16
@@ -93,7 +95,9 @@ def test_a_model_trains_the_same_through_onednn(mode, products):
         return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
 
     mode("torch")
-    loss, grads = loss_and_grads(copy.deepcopy(model))
+    route(model)
+    loss, grads = loss_and_grads(copy.deepcopy(model))  # the copy keeps the marks
+    assert products == []
     mode("onednn")
     loss_dnn, grads_dnn = loss_and_grads(model)
     assert len(products) >= 2 * 7 * 3  # every projection of both layers, forward and backward
@@ -110,7 +114,7 @@ def test_the_chunked_heads_products_go_through_onednn_with_the_same_gradients(mo
 
     def run():
         h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-        logp, _ = ChunkedHeadLogProb.apply(h, w, tokens, 0.7, False)
+        logp, _ = ChunkedHeadLogProb.apply(h, w, tokens, 0.7, False, True)  # a marked head's
         logp.sum().backward()
         return logp.detach(), h.grad, w.grad
 
@@ -170,7 +174,7 @@ def test_a_second_derivative_through_a_routed_layer_is_torchs(mode):
     def second(mode_name):
         mode(mode_name)
         torch.manual_seed(0)
-        layer = torch.nn.Linear(8, 4)
+        layer = route(torch.nn.Linear(8, 4))
         x = torch.randn(3, 8, requires_grad=True)
         (grad,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
         return grad.detach(), torch.autograd.grad(grad.pow(2).sum(), (x, layer.weight))
@@ -179,3 +183,41 @@ def test_a_second_derivative_through_a_routed_layer_is_torchs(mode):
     grad_dnn, (xx_dnn, xw_dnn) = second("onednn")
     for want, have in ((grad, grad_dnn), (xx, xx_dnn), (xw, xw_dnn)):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_onednn
+def test_a_model_grpoplus_did_not_load_keeps_torchs_products(mode, products):
+    # a library user's own model in a process whose run routes to oneDNN: its layers are not marked, so torch computes
+    # them, and the chunked head of an unmarked head too
+    mode("onednn")
+    own = torch.nn.Linear(16, 8)
+    own(torch.randn(4, 16))
+    h, w = torch.randn(3, 16), torch.randn(20, 16)
+    ChunkedHeadLogProb.apply(h, w, torch.tensor([1, 2, 3]), 1.0, False)
+    assert products == []
+    route(own)(torch.randn(4, 16))
+    assert products == [(4, 16)]
+
+
+def test_loading_a_model_marks_it_and_patches_nothing(monkeypatch):
+    # grpoplus's loader marks the model it loads; the process's nn.Linear is changed only by a run's process setup
+    from grpoplus.models.load import prepared
+    from grpoplus.models.tiny import tiny_model
+    from grpoplus.models.tokenizer import char_tokenizer
+
+    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False})
+    monkeypatch.setattr(torch.nn.Linear, "forward", cpu_matmul._TORCH_FORWARD)
+    tok = char_tokenizer()
+    model, _ = prepared(tiny_model(tok, size="nano"), tok, "cpu")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(getattr(m, cpu_matmul.MARK) for m in linears)
+    assert torch.nn.Linear.forward is cpu_matmul._TORCH_FORWARD and not cpu_matmul.in_use()
+
+
+def test_reset_gives_nn_linear_torchs_forward_back(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False})
+    monkeypatch.setattr(torch.nn.Linear, "forward", cpu_matmul._TORCH_FORWARD)
+    use_cpu_matmul("torch")
+    assert torch.nn.Linear.forward is not cpu_matmul._TORCH_FORWARD
+    cpu_matmul.reset()
+    assert torch.nn.Linear.forward is cpu_matmul._TORCH_FORWARD and not cpu_matmul.in_use()

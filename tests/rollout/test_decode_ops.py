@@ -47,8 +47,10 @@ def _check_logp_roll(model, tok, prompts, favour_eos):
 
 def test_grouped_query_attention_decode_copies_no_heads_and_equals_the_learner(tok, prompts, favour_eos, monkeypatch):
     # 4 query heads share 2 key/value heads: decoding hands the 2 heads to SDPA (enable_gqa) without expanding them
-    # per query head (grpoplus.models.attention.use_cpu_gqa); with sharpened attention any slip shows above 1e-5.
-    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", attention._ORIGINAL)  # transformers' own, until decoding
+    # per query head (grpoplus.models.attention.use_cpu_gqa, which a run's process setup installs); with sharpened
+    # attention any slip shows above 1e-5.
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", attention._ORIGINAL)  # transformers' own, restored after
+    attention.use_cpu_gqa()
     copies, original = [], sdpa_attention.repeat_kv
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or original(x, n))
     torch.manual_seed(0)
