@@ -277,7 +277,7 @@ def grpoplus_steps(a: argparse.Namespace, cfg, c, overrides: list[str]) -> dict:
     for step in range(1, a.steps + 1):
         sync(a.device)
         t0 = time.perf_counter()
-        metrics, scored = train_step(cfg, c, step)
+        metrics, scored = train_step(c, step)
         sync(a.device)
         times.append(time.perf_counter() - t0)
         r = scored.rollouts

@@ -211,9 +211,9 @@ def run_step(data: str, steps: int, profile: bool, preset: str | None, overrides
         c0, t0 = time.process_time(), time.perf_counter()
         if prof:
             with prof:
-                metrics, scored = train_step(cfg, c, step)
+                metrics, scored = train_step(c, step)
         else:
-            metrics, scored = train_step(cfg, c, step)
+            metrics, scored = train_step(c, step)
         record = {"step": step, "step_s": round(time.perf_counter() - t0, 2),
                   "cpu_s": round(time.process_time() - c0, 2), "load_avg_1min": os.getloadavg()[0]}
         record.update({k: round(metrics[k], 3) for k in ("time/rollout_s", "time/reward_s", "time/learner_s",

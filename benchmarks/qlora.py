@@ -75,7 +75,7 @@ def run_variant(variant: str, model: str, steps: int, warmup: int, threads: int,
     try:
         for step in range(1, steps + 1):
             t0, c0 = time.perf_counter(), cpu_s()
-            metrics, _ = train_step(cfg, c, step)
+            metrics, _ = train_step(c, step)
             times.append(time.perf_counter() - t0)
             cpu.append(cpu_s() - c0)
             steps_seen.append({k: metrics.get(k) for k in ("reward/mean", "loss/policy", "mismatch/k3",

@@ -164,7 +164,7 @@ def run_grpoplus(model_dir: str, steps: int, warmup: int, overrides: list[str]) 
     times, rows = [], []
     for step in range(1, steps + 1):
         t0, prefilled = time.perf_counter(), sum(prefill_s)
-        metrics, scored = train_step(cfg, c, step)
+        metrics, scored = train_step(c, step)
         times.append(time.perf_counter() - t0)
         r = scored.rollouts
         rows.append({"rollout_s": metrics["time/rollout_s"], "prefill_s": sum(prefill_s) - prefilled,

@@ -252,3 +252,12 @@ def test_only_the_process_setup_patches_a_library():
                      if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
                      in {"use_cpu_matmul", "use_cpu_gqa"})
     assert [c.split(":")[0] for c in callers] == ["grpoplus.assemble.factories"] * 2
+
+
+def test_the_drivers_loop_runs_from_its_plan():
+    """grpoplus/loop/ reads no config setting: the loop runs from plan.loop (and the plan's other parts); a Config is
+    taken only by the entry functions that resolve it (train, evaluate_only, check_only) and saved as given."""
+    reads = sorted(f"{module_name(p)}:{n}: {m.group(0)}" for p in (ROOT / "loop").rglob("*.py")
+                   for n, line in enumerate(p.read_text().splitlines(), 1)
+                   for m in re.finditer(r"\b(?:cfg|config)\.(?:run|data|rollout|learner|algo|sft|health|ray)\b", line))
+    assert reads == []

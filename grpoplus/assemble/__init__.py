@@ -41,6 +41,7 @@ class Components:
     cluster: object | None = None  # the Ray connection of cluster=ray
     demos: object | None = None  # a supervised stage's demonstrations (grpoplus.sft.source.DemoSet)
     data_metrics: dict = field(default_factory=dict)  # what the data checks changed (data/prompts_dropped), at step 0
+    plan: RunPlan | None = None  # the plan it was built from (the driver's loop runs from plan.loop)
 
     def close(self) -> None:
         self.collector.close()
@@ -77,4 +78,4 @@ def assemble(plan: RunPlan) -> Components:
         collector = demo_collector(cfg, demos, tokenizer)
     return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner,
-                      collector or roles.collector, roles.cluster, demos, data_metrics)
+                      collector or roles.collector, roles.cluster, demos, data_metrics, plan)

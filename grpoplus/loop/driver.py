@@ -31,7 +31,8 @@ from grpoplus.metrics.step import entropy_metrics, rollout_metrics
 from grpoplus.metrics.traces import TraceWriter
 from grpoplus.metrics.writer import truncate_jsonl
 from grpoplus.models.memory import give_back_freed_memory
-from grpoplus.plan import eval_plan, resolve, write_plan_files
+from grpoplus.plan import resolve, write_plan_files
+from grpoplus.plan.loop import LoopPlan
 
 
 @dataclass
@@ -44,16 +45,16 @@ class StepOutput:
     learned: LearnerTrace | None = None
 
 
-def train_step(cfg: Config, c: Components, step: int) -> tuple[dict, ScoredGroups]:
+def train_step(c: Components, step: int) -> tuple[dict, ScoredGroups]:
     """One rollout batch through every stage. Returns (step metrics, the groups to log samples of)."""
-    out = run_step(cfg, c, step)
+    out = run_step(c, step)
     return out.metrics, out.groups
 
 
-def run_step(cfg: Config, c: Components, step: int) -> StepOutput:
+def run_step(c: Components, step: int) -> StepOutput:
     """One rollout batch through every stage."""
     collected = c.collector.next(step)
-    if cfg.run.release_memory != "off":
+    if c.plan.loop.release_memory:
         give_back_freed_memory()  # what the rollout freed, before the learner allocates (the learner's
         # ranks give back what their update freed themselves: grpoplus.distributed.learner.update_step)
     metrics = dict(collected.metrics)
@@ -75,12 +76,12 @@ def run_step(cfg: Config, c: Components, step: int) -> StepOutput:
     if collected.sampled:
         metrics.update(entropy_metrics(result.entropy, collected.batch.rollouts.sampled_mask))  # the policy's tokens
     metrics.update({"time/learner_s": learner_s,
-                    "throughput/learner_tok_s": trained * cfg.algo.num_iterations / max(learner_s, 1e-9),
+                    "throughput/learner_tok_s": trained * c.plan.loop.updates_per_batch / max(learner_s, 1e-9),
                     "throughput/rollout_tok_s": drawn / max(metrics["time/rollout_s"], 1e-9)})
     return StepOutput(metrics, collected.batch, result.trace)
 
 
-def run_eval(cfg: Config, c: Components, step: int) -> dict:
+def run_eval(c: Components, step: int) -> dict:
     """Held-out accuracy on the task (greedy and sampled); a supervised stage's held-out demonstrations' loss too
     (``eval/loss``), and its accuracy only with ``sft.eval_accuracy``."""
     metrics = {}
@@ -89,10 +90,10 @@ def run_eval(cfg: Config, c: Components, step: int) -> dict:
 
         metrics["eval/loss"] = held_out_loss(c.learner.parts.policy, c.demos.held_out, c.tokenizer.pad_token_id,
                                              c.learner.plan)
-    if c.demos is None or cfg.sft.eval_accuracy:
-        e = eval_plan(cfg)
+    if c.demos is None or c.plan.loop.eval_accuracy:
+        e = c.plan.eval
         metrics.update(evaluate(c.engine, c.task, c.test, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
-                                top_p=e.top_p, samples=e.samples, ks=e.ks, seed=cfg.run.seed * 7919 + step,
+                                top_p=e.top_p, samples=e.samples, ks=e.ks, seed=c.plan.loop.seed * 7919 + step,
                                 episodes=c.collect_plan.episodes))
     return metrics
 
@@ -117,20 +118,20 @@ def train(cfg: Config, resume: bool = False, callbacks: Sequence[Callable[[dict]
     if torchrun_follower(plan.placement.ranks):  # under torchrun every rank runs this; ranks > 0 only take part in updates
         follow_torchrun(plan.learner, RANK_BUILDERS)
         return []
-    run_dir = RunDir(cfg.run.out)
+    run_dir = RunDir(plan.loop.out)
     if not resume:
-        run_dir.clear(cfg.run.overwrite)
+        run_dir.clear(plan.loop.overwrite)
     run_dir.root.mkdir(parents=True, exist_ok=True)
     c = assemble(plan)
     try:
         start, counters = _start(c, run_dir, resume)
         cfg.save(run_dir.config)
         write_plan_files(run_dir.plan, plan)
-        print_inert_notice(cfg)
+        print_inert_notice(plan.loop)
         if start == 0:
-            for line in preflight(cfg, c).findings:
+            for line in preflight(c).findings:
                 print(f"preflight: {line}", file=sys.stderr)
-        return _loop(cfg, c, run_dir, start, counters, resumed=start > 0, callbacks=callbacks)
+        return _loop(c, run_dir, start, counters, resumed=start > 0, callbacks=callbacks)
     finally:
         c.close()
 
@@ -149,23 +150,25 @@ def evaluate_only(cfg: Config) -> dict:
         raise ValueError("grpoplus eval runs in one process: drop learner.data_parallel (it trains nothing)")
     c = assemble(plan)
     try:
-        metrics = run_eval(cfg, c, 0)
+        metrics = run_eval(c, 0)
     finally:
         c.close()
-    record = {"model": cfg.learner.model or "built-in tiny model", "task": cfg.data.data or cfg.data.task,
-              "examples": len(c.test), "seed": cfg.run.seed, **{k: float(v) for k, v in sorted(metrics.items())}}
-    out = Path(cfg.run.out)
+    loop = plan.loop
+    record = {"model": loop.model, "task": loop.task, "examples": len(c.test), "seed": loop.seed,
+              **{k: float(v) for k, v in sorted(metrics.items())}}
+    out = Path(loop.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / EVAL_FILE).write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def preflight(cfg: Config, c: Components) -> Preflight:
+def preflight(c: Components) -> Preflight:
     """The rewards on real completions of the first training prompts, before step 1 (:mod:`grpoplus.loop.preflight`); a
-    supervised stage has no rewards to check."""
-    if cfg.run.stage != "rl" or not cfg.health.preflight_prompts:
+    supervised stage has no rewards to check (its plan asks for no preflight)."""
+    loop = c.plan.loop
+    if not loop.preflight_prompts:
         return Preflight()
-    return check_rewards(c, cfg.health.preflight_prompts, cfg.run.seed)
+    return check_rewards(c, loop.preflight_prompts, loop.seed)
 
 
 def check_only(cfg: Config) -> int:
@@ -175,7 +178,7 @@ def check_only(cfg: Config) -> int:
     plan = resolve(cfg)
     c = assemble(plan)
     try:
-        report = preflight(cfg, c)
+        report = preflight(c)
         facts = [f"data: {len(c.train)} training and {len(c.test)} held-out prompts"
                  + "".join(f", {k} {int(v)}" for k, v in c.data_metrics.items() if v)]
         for line in facts + report.facts:
@@ -189,9 +192,9 @@ def check_only(cfg: Config) -> int:
     return 1 if report.findings else 0
 
 
-def print_inert_notice(cfg: Config) -> None:
+def print_inert_notice(loop: LoopPlan) -> None:
     """One stderr line naming the configured switches that cannot act in this run (AlgoConfig.inert_switches)."""
-    inert = cfg.algo.inert_switches(pi_old_is_sampler=cfg.learner.logp_old == "rollout")
+    inert = loop.inert_switches
     if inert:
         print(f"note: {', '.join(inert)} cannot act: with one optimizer step per rollout batch the policy at the "
               "update is pi_old, so the ratio is exactly 1; set algo.num_minibatches > 1 (or num_iterations > 1, "
@@ -211,32 +214,33 @@ def _start(c: Components, run_dir: RunDir, resume: bool) -> tuple[int, dict]:
     return 0, {"skipped_total": 0.0, "elapsed_s": 0.0}
 
 
-def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool,
+def _loop(c: Components, run_dir: RunDir, start: int, counters: dict, resumed: bool,
           callbacks: Sequence[Callable[[dict], Any]] = ()) -> list[dict]:
     truncate_jsonl(run_dir.samples, start)
-    traces = TraceWriter(run_dir.traces, trace_limit(cfg),
-                         int(cfg.run.traces_max_mb * 2**20), resume_step=start)
-    writer = MetricsWriter(run_dir.root, loggers=cfg.run.loggers, resume_step=start if resumed else None,
-                           config=cfg.to_dict())
-    info = batch_info_from_config(cfg.to_dict())
-    doctor = LiveDoctor(batch_info=info, every=cfg.run.doctor_every)
+    loop = c.plan.loop
+    traces = TraceWriter(run_dir.traces, sys.maxsize if loop.traces < 0 else loop.traces, loop.traces_max_bytes,
+                         resume_step=start)
+    writer = MetricsWriter(run_dir.root, loggers=list(loop.loggers), resume_step=start if resumed else None,
+                           config=c.plan.record())
+    info = batch_info_from_config(c.plan.record())
+    doctor = LiveDoctor(batch_info=info, every=loop.doctor_every)
     records = []
     history = read_metrics(run_dir.root) if resumed else []  # the steps before this call, for the doctor
-    guard = HealthGuard(GuardPlan(warn=cfg.health.warn, stop_after=cfg.health.stop_after), info, history)
-    progress = Progress(cfg, start)
+    guard = HealthGuard(GuardPlan(warn=loop.health_warn, stop_after=loop.health_stop_after), info, history)
+    progress = Progress(loop, start)
     try:
         if start == 0:
-            records.append(log(writer, 0, {**c.data_metrics, **run_eval(cfg, c, 0)}))
+            records.append(log(writer, 0, {**c.data_metrics, **run_eval(c, 0)}))
             history.append(records[-1])
             _notify(callbacks, records[-1])
             progress.update(0, records[-1])
-        for step in range(start + 1, cfg.run.max_steps + 1):
+        for step in range(start + 1, loop.max_steps + 1):
             t0 = time.perf_counter()
-            out = run_step(cfg, c, step)
+            out = run_step(c, step)
             metrics = out.metrics
-            last = step == cfg.run.max_steps
-            if last or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                metrics.update(run_eval(cfg, c, step))
+            last = step == loop.max_steps
+            if last or (loop.eval_every and step % loop.eval_every == 0):
+                metrics.update(run_eval(c, step))
             counters["skipped_total"] += metrics.get("optim/skipped_updates", 0.0)
             counters["elapsed_s"] += time.perf_counter() - t0
             metrics.update({"optim/skipped_total": counters["skipped_total"], "time/elapsed_s": counters["elapsed_s"],
@@ -247,11 +251,11 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
             for line in guard.observe(step, records[-1]):
                 progress.write(line)
             stop = stop or guard.stop_reason is not None
-            run_dir.write_samples(step, out.groups, cfg.run.log_samples)
+            run_dir.write_samples(step, out.groups, loop.log_samples)
             traces.write(step, out.groups, out.learned)
-            if last or stop or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            if last or stop or (loop.save_every and step % loop.save_every == 0):
                 c.learner.save(run_dir.root, step, c.tokenizer, trainer_state(c, step, counters),
-                               keep=cfg.run.keep_checkpoints)
+                               keep=loop.keep_checkpoints)
             progress.update(step, metrics)
             if doctor.due(step):
                 for finding in doctor.check(history):
@@ -266,18 +270,10 @@ def _loop(cfg: Config, c: Components, run_dir: RunDir, start: int, counters: dic
     if guard.stop_reason is not None:
         raise HealthStop(f"{guard.stop_reason}; checkpoint {ckpt.latest_checkpoint(run_dir.root)} (grpoplus doctor "
                          f"{run_dir.root} says more; grpoplus train --resume {run_dir.root} continues it)")
-    if cfg.run.progress:
+    if loop.progress:
         for line in closing_lines(history, run_dir.root):
             print(line, file=sys.stderr)
     return records
-
-
-def trace_limit(cfg: Config) -> int:
-    """Samples per step written to RUN/traces: ``run.traces`` true is every one, a number that many, false none; a
-    supervised stage writes none (its rows are demonstrations, with no sampler log-probs or advantages)."""
-    if cfg.run.stage == "sft":
-        return 0
-    return sys.maxsize if cfg.run.traces is True else int(cfg.run.traces)
 
 
 def closing_lines(history: list[dict], run: Path) -> list[str]:
@@ -309,10 +305,10 @@ def log(writer, step: int, metrics: dict) -> dict:
 class Progress:
     """A tqdm bar with the few numbers a person watches."""
 
-    def __init__(self, cfg: Config, start: int):
+    def __init__(self, loop: LoopPlan, start: int):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=cfg.run.max_steps, initial=start, disable=not cfg.run.progress, unit="step",
+        self.bar = tqdm(total=loop.max_steps, initial=start, disable=not loop.progress, unit="step",
                         dynamic_ncols=True, file=sys.stderr)
         self.acc = None
 

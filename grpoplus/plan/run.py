@@ -13,6 +13,7 @@ from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
+from grpoplus.plan.loop import LoopPlan, loop_plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +164,8 @@ class EvalPlan:
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
-    own part; the dry run renders it. ``config``: the user's validated settings (what the driver reads for the
-    task, the rewards and the collection)."""
+    own part; the dry run renders it. ``config``: the user's validated settings (what the assembly still reads for
+    the task, the rewards and the collection; the driver's loop runs from ``loop`` and reads none)."""
 
     config: Config
     placement: Placement
@@ -172,6 +173,11 @@ class RunPlan:
     rollout: RolloutRolePlan
     lora: LoraPlan
     eval: EvalPlan
+    loop: LoopPlan
+
+    def record(self) -> dict:
+        """The config as plain data: what the trackers log with the run and the doctor reads its batch shape from."""
+        return self.config.to_dict()
 
     def to_dict(self) -> dict:
         """Every derived decision as plain data, by part (the config itself is in ``config.yaml``)."""
@@ -191,7 +197,7 @@ def _plain(value):
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
     return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
-                   lora=lora_plan(cfg), eval=eval_plan(cfg))
+                   lora=lora_plan(cfg), eval=eval_plan(cfg), loop=loop_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:

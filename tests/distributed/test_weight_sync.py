@@ -47,7 +47,7 @@ def test_after_a_sync_every_worker_holds_learner_rank_0s_weights_and_version(nan
     c = assemble(resolve(cfg))
     try:
         before = ray.get(c.learner.actors[0].weights.remote())
-        train_step(cfg, c, 1)  # collect, update, publish version 1
+        train_step(c, 1)  # collect, update, publish version 1
         learner = ray.get(c.learner.actors[0].weights.remote())
         held = ray.get([w.__ray_call__.remote(lambda w: ({k: v.detach().cpu() for k, v in w.model.state_dict().items()},
                                                          w.engine.version)) for w in c.engine.actors])

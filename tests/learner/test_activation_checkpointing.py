@@ -111,7 +111,7 @@ def test_a_training_step_is_the_same_with_checkpointing(tmp_path):
                                               f"gradient_checkpointing={checkpointing}"])
         c = assemble(resolve(cfg))
         try:
-            metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
+            metrics = [train_step(c, step)[0] for step in (1, 2)]
             runs.append((metrics, {n: p.detach().clone() for n, p in c.learner.parts.model.named_parameters()}))
         finally:
             c.close()

@@ -76,7 +76,7 @@ def test_bf16_mixed_trains_float32_master_weights_close_to_fp32(tmp_path):
         cfg = build_config("grpo", overrides=[*_common(tmp_path, precision), f"precision={precision}"])
         c = assemble(resolve(cfg))
         try:
-            metrics = [train_step(cfg, c, step)[0] for step in (1, 2)]
+            metrics = [train_step(c, step)[0] for step in (1, 2)]
             parts = c.learner.parts
             runs[precision] = (metrics, {n: p.detach().clone() for n, p in parts.model.named_parameters()})
             if precision == "bf16_mixed":

@@ -69,7 +69,7 @@ def test_phases_give_back_after_the_rollout_and_on_the_learner_rank_after_the_up
                                           f"release_memory={mode}"])
     c = assemble(resolve(cfg))
     try:
-        metrics, _ = train_step(cfg, c, 1)
+        metrics, _ = train_step(c, 1)
     finally:
         c.close()
     assert metrics["optim/grad_norm"] > 0  # the step updated

@@ -78,13 +78,14 @@ def test_a_run_evaluates_at_rollout_eval_temperature_not_the_rollouts():
 
     from grpoplus.config import build_config
     from grpoplus.loop.driver import run_eval
+    from grpoplus.plan import resolve
 
     cfg = build_config(overrides=["temperature=1.2", "top_p=0.95", "eval_temperature=0.3", "eval_samples=4",
                                   "eval_k=2", "max_new_tokens=9"])
     engine = ScriptedEngine(SCRIPT)
     c = SimpleNamespace(demos=None, engine=engine, task=ExactTask(), test=EXAMPLES,
-                        collect_plan=SimpleNamespace(episodes=None))
-    out = run_eval(cfg, c, step=0)
+                        collect_plan=SimpleNamespace(episodes=None), plan=resolve(cfg))
+    out = run_eval(c, step=0)
     sampled = engine.calls[1]
     assert (sampled.temperature, sampled.top_p, sampled.n, sampled.max_new_tokens) == (0.3, 0.95, 4, 9)
     assert out["eval/pass@2"] == pytest.approx(0.5) and "eval/pass@4" not in out  # eval_k replaces [1, n]

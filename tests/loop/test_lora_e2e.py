@@ -30,10 +30,10 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(tmp_path):
         assert parts.ref_model is None and c.learner.plan.reference_adapters_off  # no second copy of the model
         frozen = {n: p.detach().clone() for n, p in parts.model.named_parameters() if not p.requires_grad}
         before = {n: p.detach().clone() for n, p in adapters.items()}
-        first, _ = train_step(cfg, c, 1)
+        first, _ = train_step(c, 1)
         assert first["optim/grad_norm"] > 0 and first["loss/kl_ref"] == 0  # B = 0: the policy is the base model
         assert any(not torch.equal(before[n], p) for n, p in adapters.items())
-        second, _ = train_step(cfg, c, 2)
+        second, _ = train_step(c, 2)
         assert second["loss/kl_ref"] > 0  # the updated adapters move the policy away from the base
         assert all(torch.equal(frozen[n], p) for n, p in parts.model.named_parameters() if not p.requires_grad)
     finally:

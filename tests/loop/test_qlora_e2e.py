@@ -32,7 +32,7 @@ def test_the_adapters_train_on_the_4bit_base_and_the_sampler_agrees_with_the_lea
         assert len(four_bit) == 21 and adapters and all("lora_" in n for n in adapters)
         assert c.learner.parts.ref_model is None and c.learner.plan.reference_adapters_off
         before = {n: p.detach().clone() for n, p in adapters.items()}
-        steps = [train_step(cfg, c, step)[0] for step in (1, 2, 3)]
+        steps = [train_step(c, step)[0] for step in (1, 2, 3)]
         assert any(not torch.equal(before[n], p) for n, p in adapters.items())  # the adapters moved
         assert all(torch.equal(four_bit[n], m.weight.data) for n, m in model.named_modules() if n in four_bit)
         assert steps[0]["loss/kl_ref"] == 0 and any(s["optim/grad_norm"] > 0 for s in steps)  # B = 0: the base

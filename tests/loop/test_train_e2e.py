@@ -39,7 +39,7 @@ def test_train_writes_the_run_directory(nano_dir, tmp_path, capsys):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
     # the plan its roles received, as files; the dry run of the same command prints exactly these, first
     files = {p.name: p.read_text() for p in sorted((out / "plan").iterdir())}
-    assert sorted(files) == ["eval.yaml", "learner.yaml", "lora.yaml", "placement.yaml", "rollout.yaml"]
+    assert sorted(files) == ["eval.yaml", "learner.yaml", "loop.yaml", "lora.yaml", "placement.yaml", "rollout.yaml"]
     capsys.readouterr()
     assert _train("--dry-run", "--model", nano_dir, "--out", str(out), "max_steps=3", "eval_every=2", "save_every=2",
                   *SMALL) == 0
@@ -304,8 +304,9 @@ def test_gdpo_normalises_each_reward_component_in_its_group():
 def test_progress_bar_shows_the_step_0_accuracy_from_step_1_on():
     from grpoplus.config import build_config
     from grpoplus.loop.driver import Progress
+    from grpoplus.plan.loop import loop_plan
 
-    progress = Progress(build_config("dapo", overrides=["progress=false"]), start=0)
+    progress = Progress(loop_plan(build_config("dapo", overrides=["progress=false"])), start=0)
     progress.update(0, {"eval/accuracy": 0.25})
     progress.update(1, {"reward/mean": 0.5})
     assert progress.bar.postfix is not None and "acc=0.25" in progress.bar.postfix

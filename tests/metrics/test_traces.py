@@ -45,7 +45,7 @@ def test_a_step_traces_what_the_learner_trained_on(nano_dir, tmp_path, logp_old,
     assert c.learner.plan.logp_old == logp_old
     try:
         before = copy.deepcopy(c.learner.parts.policy)
-        out = run_step(cfg, c, 1)
+        out = run_step(c, 1)
     finally:
         c.close()
     r = out.groups.rollouts

@@ -47,7 +47,7 @@ def test_frozen_parameters_keep_their_values_and_get_no_optimizer_state(tmp_path
         optimized = {id(p) for group in c.learner.parts.optimizer.param_groups for p in group["params"]}
         assert optimized == {id(p) for n, p in named.items() if n not in frozen}
         before = {n: p.detach().clone() for n, p in named.items()}
-        record, _ = train_step(cfg, c, 1)
+        record, _ = train_step(c, 1)
         assert record["optim/grad_norm"] > 0
         assert all(torch.equal(before[n], named[n]) for n in frozen)
         assert any(not torch.equal(before[n], p) for n, p in named.items() if n not in frozen)
