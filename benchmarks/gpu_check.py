@@ -83,7 +83,8 @@ def save_warm_start(cache: Path) -> None:
     from grpoplus.config import build_config
     from grpoplus.plan import resolve
 
-    build_policy(resolve(build_config("dapo")).learner.policy, "cpu")
+    role = resolve(build_config("dapo")).learner
+    build_policy(role.policy, "cpu", role.process.seed)
 
 
 def install_missing(gpu_dir: Path, site: Path) -> list[str]:

@@ -86,16 +86,17 @@ def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
     return tuple((c.name, c.weight) for c in components)
 
 
-def build_policy(policy: PolicyPlan, device: str, trains: bool = True):
-    """The policy and its tokenizer, as ``learner.model`` names them, on ``device``; ``trains=False``: a copy that is
-    not trained where it is loaded (the load check counts its weights alone)."""
+def build_policy(policy: PolicyPlan, device: str, seed: int, trains: bool = True):
+    """The policy and its tokenizer, as ``learner.model`` names them, on ``device`` (``seed``: the process's, which
+    draws the built-in tiny model's warm-start problems); ``trains=False``: a copy that is not trained where it is
+    loaded (the load check counts its weights alone)."""
     from grpoplus.models.load import is_builtin, load_policy
     from grpoplus.sft.warmstart import load_builtin
 
     name = policy.model
     with phase(f"loading model {name or f'(built-in tiny model, task {policy.task})'}"):
         if is_builtin(name):
-            return load_builtin(name, policy.task, policy.difficulty, seed=policy.seed, eval_seed=policy.eval_seed,
+            return load_builtin(name, policy.task, policy.difficulty, seed=seed, eval_seed=policy.eval_seed,
                                 device=device, quantize=four_bit(policy))
         return load_policy(name, device=device, lora=policy.lora, shards=policy.shards, trains=trains,
                            quantize=four_bit(policy))
@@ -131,7 +132,7 @@ def build_task_and_model(plan: RunPlan):
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
     host = where.driver_copy_in_host_memory
-    model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device,
+    model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device, plan.learner.process.seed,
                                     trains=not (host and where.on_gpus))
     task, train, test = build_data(cfg, tokenizer, tasks, rows)
     fit = fit_prompt_lengths(cfg, tokenizer, model_context(getattr(model, "config", None)), train, test)
@@ -184,13 +185,14 @@ def reward_components(cfg: Config, task) -> list:
     return parse_reward_specs(specs, extra={"task": task.reward})
 
 
-def build_engine(engine: EnginePlan, model, tokenizer, record_routing: bool = False):
-    """The rollout engine; ``record_routing`` (an MoE policy): it returns the sampler's expert routing when it can."""
+def build_engine(engine: EnginePlan, model, tokenizer, seed: int, record_routing: bool = False):
+    """The rollout engine (``seed``: its process's); ``record_routing`` (an MoE policy): it returns the sampler's expert
+    routing when it can."""
     from grpoplus.rollout import ENGINES, EngineOptions
 
     factory = ENGINES.get(engine.name)
     options = EngineOptions(quantization=engine.quantization, max_num_seqs=engine.max_num_seqs or None,
-                            max_model_len=context_length(model), seed=engine.seed, start_timeout_s=engine.timeout_s,
+                            max_model_len=context_length(model), seed=seed, start_timeout_s=engine.timeout_s,
                             generate_timeout_s=engine.timeout_s, extra=dict(engine.kwargs), compile=engine.compile,
                             dtype=COMPUTE_DTYPES[engine.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
@@ -260,7 +262,7 @@ def build_rollout_worker(role: RolloutRolePlan) -> WorkerParts:
 
     build_process(role.process)
     device = role.process.own_device
-    model, tokenizer = build_policy(role.policy, "cpu" if role.host_copy else device, trains=False)
+    model, tokenizer = build_policy(role.policy, "cpu" if role.host_copy else device, role.process.seed, trains=False)
     moe = check_replay(role.routing_replay, model) is not None  # the sampler's routing, as in one process
-    return WorkerParts(model, build_engine(role.engine, model, tokenizer, record_routing=moe), role.release_memory,
-                       device)
+    engine = build_engine(role.engine, model, tokenizer, role.process.seed, record_routing=moe)
+    return WorkerParts(model, engine, role.release_memory, device)

@@ -53,14 +53,15 @@ def launch_local(plan: RunPlan, model: torch.nn.Module, tokenizer, scorer, colle
     try:
         parts, update = build_learner_rank_parts(role, model, group, reward_weights(scorer.pipeline.components))
         policy = parts.policy  # a plain module holding the whole policy: what the engines sample with
-        engine = build_engine(engine_plan, policy, tokenizer, record_routing=replay)
+        engine = build_engine(engine_plan, policy, tokenizer, role.process.seed, record_routing=replay)
         if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
             collector = _collector(cfg, engine, scorer, collection)
             targets = (engine,)
         else:  # sampling runs ahead of the learner on its own copy of the policy
             from grpoplus.distributed.staleness import SnapshotEngine
 
-            sampling = SnapshotEngine(build_engine(engine_plan, copy.deepcopy(policy), tokenizer, record_routing=replay))
+            sampling = SnapshotEngine(build_engine(engine_plan, copy.deepcopy(policy), tokenizer, role.process.seed,
+                                                   record_routing=replay))
             collector = _collector(cfg, sampling, scorer, collection)
             targets = (engine, collector)
     except BaseException:

@@ -63,7 +63,7 @@ def build_learner_rank_parts(role: LearnerRolePlan, model: torch.nn.Module | Non
     ranks other than 0 pass no ``model``: they never hold it whole (:func:`build_sharded_parts`)."""
     if group is not None:
         rewards = group.broadcast_object(rewards)
-    if role.sharded:
+    if role.update.sharded:
         parts = build_sharded_parts(role, model, group)
     else:
         if group is not None:
@@ -78,7 +78,7 @@ def rank_hooks(role: LearnerRolePlan, model: torch.nn.Module, group):
     """How this rank's updates meet the other ranks': DDP (replicate) or the sharded model's collectives."""
     from grpoplus.distributed.rank_hooks import ReplicateHooks, ShardHooks
 
-    return ShardHooks(group) if role.sharded else ReplicateHooks(group, model)
+    return ShardHooks(group) if role.update.sharded else ReplicateHooks(group, model)
 
 
 def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: tuple = ()) -> LearnerPlan:
@@ -90,7 +90,8 @@ def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: t
     routing = check_replay(update.routing_replay, model)
     compile_mode = check_compile(update.compile != "off", update.compile, model, routing is not None)
     return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model),
-                          "compile": compile_mode or "off"}, routing_spec=routing, reward_weights=rewards)
+                          "compile": compile_mode or "off"}, seed=role.process.seed, routing_spec=routing,
+                       reward_weights=rewards)
 
 
 def build_rank_model(role: LearnerRolePlan, device: str | None = None, rank: int = 0) -> torch.nn.Module | None:
@@ -99,10 +100,10 @@ def build_rank_model(role: LearnerRolePlan, device: str | None = None, rank: int
     load nothing: they take their shards from rank 0; its rank 0 loads the whole policy into host memory when no
     engine samples with it there."""
     build_process(role.process)
-    if rank > 0 and role.sharded:
+    if rank > 0 and role.update.sharded:
         return None
     model, _ = build_policy(role.policy, "cpu" if role.host_copy else device or role.process.own_device,
-                            trains=not role.host_copy)
+                            role.process.seed, trains=not role.host_copy)
     return model
 
 

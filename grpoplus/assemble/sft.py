@@ -88,7 +88,7 @@ def sample_teacher(plan: RunPlan, train: list, tokenizer):
     check_vocabulary(cfg.sft.demo_model, tokenizer)
     model, _ = load_model(cfg.sft.demo_model, plan.placement.device, cfg.data.task if cfg.data.data is None else None,
                           cfg.data.difficulty)
-    engine = build_engine(plan.rollout.engine, model, tokenizer)
+    engine = build_engine(plan.rollout.engine, model, tokenizer, plan.rollout.process.seed)
     r = cfg.rollout
     params = SamplingParams(n=cfg.sft.demo_samples, temperature=r.temperature, top_p=r.top_p,
                             max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)

@@ -25,11 +25,15 @@ class Placement:
     process_device: str  # a role's own process: one GPU per process is "cuda"
     on_gpus: bool
     ranks: int  # learner ranks (learner.data_parallel)
-    sharded: bool  # the training state split over the ranks (fsdp2, several ranks)
-    shards: int  # how many ranks it is split over (1: whole on every rank)
+    shards: int  # how many ranks the training state is split over (fsdp2, several ranks; 1: whole on every rank)
     whole_copy_in_host_memory: bool  # a sharded rank 0's whole copy kept in host memory
     driver_copy_in_host_memory: bool  # the driver loads the policy into host memory
     rollout_workers: int  # Ray rollout workers (cluster=ray)
+
+    @property
+    def sharded(self) -> bool:
+        """The training state split over the ranks."""
+        return self.shards > 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +55,6 @@ class PolicyPlan:
     model: str | None
     task: str | None  # the built-in task the tiny model is warm-started on (None: a data set's run)
     difficulty: object
-    seed: int
     eval_seed: int
     lora: bool  # adapters are added after loading
     shards: int  # ranks the training state is split over (the load check's count)
@@ -92,14 +95,13 @@ class UpdatePlan:
     logp_old: str  # where pi_old comes from, decided here once (learner.prepare.logp_old_mode)
     micro_batch_tokens: int
     routing_replay: str
-    seed: int
     reference_adapters_off: bool  # the reference is the policy with its LoRA adapters off
     share_prompts: bool
     gradient_checkpointing: bool
     trim_every: int  # memory policy: freed memory back to the system every this many layers (0: never)
     release_after_update: bool  # memory policy: and after each update
     precision: str
-    sharded: bool
+    sharded: bool  # the training state split over the ranks: every rank runs as many forwards
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: str = "auto"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
     compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
@@ -115,7 +117,6 @@ class EnginePlan:
     timeout_s: float
     kwargs: tuple[tuple[str, object], ...]
     precision: str
-    seed: int
     compile: bool = False  # hf engine: one compiled decode step (rollout.compile)
 
 
@@ -131,7 +132,6 @@ class LearnerRolePlan:
     reference: str  # none | copy (a frozen copy of the policy) | adapters_off (the policy with LoRA off)
     teacher: str | None  # learner.teacher: on-policy distillation's teacher
     ranks: int
-    sharded: bool
     host_copy: bool  # a sharded rank 0 keeps its whole copy in host memory
     cpu_offload: bool
     collective_timeout_s: float
@@ -202,7 +202,7 @@ def resolve(cfg: Config) -> RunPlan:
 
 def placement(cfg: Config) -> Placement:
     return Placement(cluster=cfg.run.cluster, device=cfg.learner.device, process_device=where.process_device(cfg),
-                     on_gpus=where.on_gpus(cfg), ranks=cfg.learner.data_parallel, sharded=cfg.learner.sharded,
+                     on_gpus=where.on_gpus(cfg), ranks=cfg.learner.data_parallel,
                      shards=where.shards(cfg), whole_copy_in_host_memory=where.whole_copy_in_host_memory(cfg),
                      driver_copy_in_host_memory=where.driver_copy_in_host_memory(cfg),
                      rollout_workers=cfg.rollout.workers)
@@ -216,7 +216,7 @@ def process_plan(cfg: Config) -> ProcessPlan:
 def policy_plan(cfg: Config) -> PolicyPlan:
     d = cfg.data
     return PolicyPlan(model=cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
-                      seed=cfg.run.seed, eval_seed=d.eval_seed, lora=cfg.learner.lora_rank > 0,
+                      eval_seed=d.eval_seed, lora=cfg.learner.lora_rank > 0,
                       shards=where.shards(cfg), quantize=cfg.learner.quantize, precision=cfg.learner.precision)
 
 
@@ -267,7 +267,7 @@ def update_plan(cfg: Config) -> UpdatePlan:
         temperature=1.0 if sft else cfg.rollout.temperature, micro_batch_size=lrn.micro_batch_size,
         max_grad_norm=lrn.max_grad_norm,
         logp_old="forward" if sft else logp_old_mode(algo, logp_old_source(cfg), uses_reference=algo.beta > 0),
-        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=algo.routing_replay, seed=cfg.run.seed,
+        micro_batch_tokens=lrn.micro_batch_tokens, routing_replay=algo.routing_replay,
         reference_adapters_off=reference_kind(cfg) == "adapters_off", share_prompts=shares_prompts(cfg),
         gradient_checkpointing=lrn.gradient_checkpointing,
         trim_every=EAGER_TRIM_LAYERS if memory == "eager" else 0, release_after_update=memory != "off",
@@ -309,7 +309,7 @@ def learner_role(cfg: Config) -> LearnerRolePlan:
     sft = cfg.run.stage == "sft"
     return LearnerRolePlan(process=process_plan(cfg), policy=policy_plan(cfg), optimizer=optimizer_plan(cfg),
                            update=update_plan(cfg), algo=stage_algo(cfg), reference=reference_kind(cfg),
-                           teacher=None if sft else lrn.teacher, ranks=lrn.data_parallel, sharded=lrn.sharded,
+                           teacher=None if sft else lrn.teacher, ranks=lrn.data_parallel,
                            host_copy=where.whole_copy_in_host_memory(cfg), cpu_offload=lrn.cpu_offload,
                            collective_timeout_s=lrn.collective_timeout_s, freeze=tuple(lrn.freeze))
 
@@ -318,7 +318,7 @@ def engine_plan(cfg: Config) -> EnginePlan:
     r = cfg.rollout
     return EnginePlan(name=r.engine, quantization=r.quantization, max_num_seqs=r.max_num_seqs,
                       timeout_s=r.engine_timeout_s, kwargs=tuple(dict(r.engine_kwargs).items()),
-                      precision=cfg.learner.precision, seed=cfg.run.seed, compile=r.compile)
+                      precision=cfg.learner.precision, compile=r.compile)
 
 
 def rollout_role(cfg: Config) -> RolloutRolePlan:

@@ -103,3 +103,27 @@ def test_held_out_sampling_takes_the_rollouts_where_the_eval_keys_are_unset():
     assert (own.eval.temperature, own.eval.top_p, own.eval.max_new_tokens, own.eval.ks) == (0.2, 0.5, 30, (2, 4))
     assert _plan("eval_samples=1").eval.ks == (1,) and _plan("eval_samples=0").eval.ks == ()
     assert own.to_dict()["eval"]["ks"] == [2, 4]
+
+
+def _field_paths(cls, prefix=""):
+    """Every field of a plan dataclass, nested plans walked (``process.seed``)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        out += _field_paths(kind, f"{prefix}{f.name}.") if dataclasses.is_dataclass(kind) and kind.__name__.endswith(
+            "Plan") else [f"{prefix}{f.name}"]
+    return out
+
+
+@pytest.mark.parametrize("role", ["LearnerRolePlan", "RolloutRolePlan"])
+def test_a_role_plan_records_each_fact_once(role):
+    # a role's seed and whether its training state is sharded each have one field, so two records cannot disagree
+    from grpoplus.plan import run
+
+    paths = _field_paths(getattr(run, role))
+    for fact in ("seed", "sharded"):
+        assert len([p for p in paths if p.rsplit(".", 1)[-1] == fact]) <= 1, (fact, paths)
