@@ -57,25 +57,25 @@ def assemble(plan: RunPlan) -> Components:
     the roles where ``run.cluster`` places them."""
     from grpoplus.assemble.launch import Collection, launch_local, launch_on_ray
 
-    cfg = plan.config
     build_process(plan.learner.process)
-    check_precision(cfg.learner.precision, cfg.learner.device)
+    check_precision(plan.learner.update.precision, plan.placement.device)
     task, train, test, model, tokenizer, data_metrics = build_task_and_model(plan)
-    check_vocabulary(cfg.learner.teacher, tokenizer)  # before the learner ranks load the teacher
-    replay = check_replay(cfg.algo.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
-    collection = Collection(train, build_collect_plan(cfg, tokenizer, model), PromptSampler(len(train), cfg.run.seed),
-                            torch.Generator().manual_seed(cfg.run.seed))
-    if cfg.run.cluster == "ray":
+    check_vocabulary(plan.learner.teacher, tokenizer)  # before the learner ranks load the teacher
+    replay = check_replay(plan.learner.update.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
+    seed = plan.collection.seed
+    collection = Collection(train, build_collect_plan(plan, tokenizer, model), PromptSampler(len(train), seed),
+                            torch.Generator().manual_seed(seed))
+    if plan.cluster is not None:
         roles = launch_on_ray(plan, task, model, tokenizer, collection)
     else:
-        roles = launch_local(plan, build_lora(plan.lora, model), tokenizer, build_scorer(cfg, task, train, tokenizer),
-                             collection, replay)
+        scorer = build_scorer(plan.rewards, plan.placement.device, task, train, tokenizer)
+        roles = launch_local(plan, build_lora(plan.lora, model), tokenizer, scorer, collection, replay)
     demos = collector = None
-    if cfg.run.stage == "sft":  # demonstrations instead of rollouts; the engine still samples the evaluations
+    if plan.loop.stage == "sft":  # demonstrations instead of rollouts; the engine still samples the evaluations
         from grpoplus.assemble.sft import build_demos, demo_collector
 
         demos = build_demos(plan, task, train, tokenizer)
-        collector = demo_collector(cfg, demos, tokenizer)
-    return Components(task, train, test[: cfg.data.eval_size], tokenizer, roles.engine, roles.scorer,
+        collector = demo_collector(plan, demos, tokenizer)
+    return Components(task, train, test[: plan.eval.examples], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner,
                       collector or roles.collector, roles.cluster, demos, data_metrics, plan)

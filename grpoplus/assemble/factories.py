@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus.collect import CollectPlan, collect
-from grpoplus.config import Config, env_of
 from grpoplus.containers import SamplingParams
 from grpoplus.data.lengths import model_context
 from grpoplus.data.order import PromptSampler
@@ -24,6 +23,7 @@ from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
 from grpoplus.plan.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
+from grpoplus.plan.driver import CollectionPlan, RewardsPlan
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 
 
@@ -41,28 +41,27 @@ def build_process(process: ProcessPlan) -> None:
     use_cpu_gqa()  # grouped key/value heads on a CPU attended without a copy per query head
 
 
-def build_collect_plan(cfg: Config, tokenizer, model=None) -> CollectPlan:
-    params = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
-    return CollectPlan.from_algo(cfg.algo, params, cfg.rollout.prompts_per_step, tokenizer.pad_token_id,
-                                 build_episodes(cfg, tokenizer, model))
+def build_collect_plan(plan: RunPlan, tokenizer, model=None) -> CollectPlan:
+    """Collection as the plan's ``collection`` part and the algorithm's filters (dynamic sampling, GFPO, ...) say."""
+    c = plan.collection
+    params = SamplingParams(n=c.group_size, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
+    return CollectPlan.from_algo(plan.learner.algo, params, c.prompts_per_step, tokenizer.pad_token_id,
+                                 build_episodes(c, tokenizer, model))
 
 
-def build_episodes(cfg: Config, tokenizer, model):
+def build_episodes(c: CollectionPlan, tokenizer, model):
     """The multi-turn plan (``data.env``, ``data.tools`` or the task's environment), or None for single-turn
     collection."""
     from grpoplus.envs.base import env_factory
     from grpoplus.envs.episodes import EpisodeLimits, EpisodePlan
     from grpoplus.envs.tools import ToolEnv, resolve_tools
 
-    name = env_of(cfg.data)
-    if name is None:
+    if c.env is None:
         return None
-    r = cfg.rollout
-    limits = EpisodeLimits(max_turns=r.max_turns, max_tokens=r.max_episode_tokens, timeout_s=r.env_timeout_s,
-                           patience_s=r.env_patience_s, max_context=context_length(model))
-    factory = functools.partial(ToolEnv, resolve_tools(cfg.data.tools)) if cfg.data.tools else env_factory(name)
-    return EpisodePlan(factory=factory, limits=limits, tokenizer=tokenizer, chat=cfg.data.chat_template)
+    limits = EpisodeLimits(max_turns=c.max_turns, max_tokens=c.max_episode_tokens, timeout_s=c.env_timeout_s,
+                           patience_s=c.env_patience_s, max_context=context_length(model))
+    factory = functools.partial(ToolEnv, resolve_tools(list(c.tools))) if c.tools else env_factory(c.env)
+    return EpisodePlan(factory=factory, limits=limits, tokenizer=tokenizer, chat=c.chat_template)
 
 
 def context_length(model) -> int:
@@ -70,15 +69,15 @@ def context_length(model) -> int:
     return min(model_context(getattr(model, "config", None)) or 4096, 8192)
 
 
-def build_collector(cfg: Config, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
+def build_collector(max_staleness: int, engine, sampler: PromptSampler, train: list, scorer, plan: CollectPlan,
                     generator: torch.Generator):
     """Synchronous collection (max_staleness = 0), or collection ahead of the learner by at most K versions."""
     from grpoplus.distributed.staleness import BoundedStaleness, Synchronous
 
     collect_step = functools.partial(collect, engine, sampler, train, scorer, plan, generator)
-    if cfg.rollout.max_staleness == 0:
+    if max_staleness == 0:
         return Synchronous(collect_step, sampler, generator)
-    return BoundedStaleness(collect_step, engine, sampler, generator, cfg.rollout.max_staleness)
+    return BoundedStaleness(collect_step, engine, sampler, generator, max_staleness)
 
 
 def reward_weights(components: list) -> tuple[tuple[str, float], ...]:
@@ -149,39 +148,39 @@ def build_lora(lora: LoraPlan, model):
     return add_lora(model, lora.rank, lora.alpha, lora.dropout, list(lora.target_modules))
 
 
-def build_rewards(cfg: Config, task):
+def build_rewards(rewards: RewardsPlan, task):
     """The reward pipeline of :func:`reward_components`, in-process or with a pool (``data.reward_workers``)."""
     from grpoplus.rewards import RewardPipeline
 
-    return RewardPipeline(reward_components(cfg, task), workers=cfg.data.reward_workers,
-                          timeout_s=cfg.data.reward_timeout_s)
+    return RewardPipeline(reward_components(rewards, task), workers=rewards.workers, timeout_s=rewards.timeout_s)
 
 
-def build_scorer(cfg: Config, task, train: list, tokenizer):
+def build_scorer(rewards: RewardsPlan, device: str, task, train: list, tokenizer):
     """The run's scorer: the reward pipeline, and the process reward model of ``data.prm`` (on ``learner.device``)
     whose step scores are the step rewards of ``algo.turn_credit``."""
     from grpoplus.collect.scoring import Scorer
 
     prm = None
-    if cfg.data.prm is not None:
+    if rewards.prm is not None:
         from grpoplus.rewards.prm import ProcessRewardModel
 
-        with phase(f"loading process reward model {cfg.data.prm}"):
-            prm = ProcessRewardModel(cfg.data.prm, step_separator=cfg.data.prm_step_separator, device=cfg.learner.device)
-    return Scorer(build_rewards(cfg, task), train, prm=prm, tokenizer=tokenizer)
+        with phase(f"loading process reward model {rewards.prm}"):
+            prm = ProcessRewardModel(rewards.prm, step_separator=rewards.prm_step_separator, device=device)
+    return Scorer(build_rewards(rewards, task), train, prm=prm, tokenizer=tokenizer)
 
 
-def reward_components(cfg: Config, task) -> list:
+def reward_components(rewards: RewardsPlan, task) -> list:
     """The configured reward components, the task verifier (weight 0 when not listed: accuracy is
     always its verdict), and DAPO's soft overlong punishment when ``overlong_shaping``."""
     from grpoplus.rewards import parse_reward_specs
 
-    specs = list(cfg.data.rewards)
+    specs = list(rewards.specs)
     names = [comp.name for comp in parse_reward_specs(specs, extra={"task": task.reward})]
     if "task" not in names:
         specs.append("task:0")
-    if cfg.algo.overlong_shaping:  # the rule sampling_and_rewards refuses soft_overlong listed as well
-        specs.append({"name": "soft_overlong", "kwargs": {"max_len": cfg.algo.max_len, "cache": cfg.algo.cache_len}})
+    if rewards.soft_overlong is not None:  # the rule sampling_and_rewards refuses soft_overlong listed as well
+        max_len, cache = rewards.soft_overlong
+        specs.append({"name": "soft_overlong", "kwargs": {"max_len": max_len, "cache": cache}})
     return parse_reward_specs(specs, extra={"task": task.reward})
 
 

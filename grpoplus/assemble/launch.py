@@ -17,7 +17,6 @@ import torch
 
 from grpoplus.assemble.factories import build_collector, build_engine, build_rollout_worker, reward_weights
 from grpoplus.assemble.learner import RANK_BUILDERS, build_learner_rank_parts
-from grpoplus.config import Config
 from grpoplus.data.order import PromptSampler
 from grpoplus.plan.run import LearnerRolePlan, RunPlan
 
@@ -48,21 +47,21 @@ def launch_local(plan: RunPlan, model: torch.nn.Module, tokenizer, scorer, colle
     """One process, or rank 0 of the local learner ranks; ``replay``: the policy is an MoE routed by its sampler."""
     from grpoplus.distributed.learner import Learner
 
-    cfg, role, engine_plan = plan.config, plan.learner, plan.rollout.engine
+    role, engine_plan = plan.learner, plan.rollout.engine
     group, launcher = start_learner_group(role)
     try:
         parts, update = build_learner_rank_parts(role, model, group, reward_weights(scorer.pipeline.components))
         policy = parts.policy  # a plain module holding the whole policy: what the engines sample with
         engine = build_engine(engine_plan, policy, tokenizer, role.process.seed, record_routing=replay)
-        if cfg.rollout.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
-            collector = _collector(cfg, engine, scorer, collection)
+        if plan.collection.max_staleness == 0:  # the synchronous loop: the engine samples with the learner's weights
+            collector = _collector(plan, engine, scorer, collection)
             targets = (engine,)
         else:  # sampling runs ahead of the learner on its own copy of the policy
             from grpoplus.distributed.staleness import SnapshotEngine
 
             sampling = SnapshotEngine(build_engine(engine_plan, copy.deepcopy(policy), tokenizer, role.process.seed,
                                                    record_routing=replay))
-            collector = _collector(cfg, sampling, scorer, collection)
+            collector = _collector(plan, sampling, scorer, collection)
             targets = (engine, collector)
     except BaseException:
         if launcher is not None:
@@ -102,27 +101,26 @@ def launch_on_ray(plan: RunPlan, task, model: torch.nn.Module, tokenizer, collec
     from grpoplus.distributed.ray_scoring import RayScorer
     from grpoplus.rollout.weights import ObjectStore, cpu_state_dict
 
-    cfg = plan.config
-    r, lrn, rc = cfg.rollout, cfg.learner, cfg.ray
+    rc, ranks, rewards = plan.cluster, plan.placement.ranks, plan.rewards
     cluster = Cluster(rc.address, rc.num_cpus, rc.timeout_s)
     gpu = plan.placement.on_gpus
-    cluster.require_gpus(gpu * (r.workers + lrn.data_parallel),
-                         f"rollout.workers={r.workers} and learner.data_parallel={lrn.data_parallel}")
+    cluster.require_gpus(gpu * (rc.rollout_workers + ranks),
+                         f"rollout.workers={rc.rollout_workers} and learner.data_parallel={ranks}")
     weights = ray.put(cpu_state_dict(model))
-    engine = RayRolloutEngine(plan.rollout, ObjectStore(weights), r.workers, r.engine, tokenizer.pad_token_id,
-                              build_rollout_worker, seed=cfg.run.seed, gpu=gpu, max_restarts=rc.max_restarts,
-                              timeout_s=r.engine_timeout_s, start_timeout_s=rc.timeout_s,
+    engine = RayRolloutEngine(plan.rollout, ObjectStore(weights), rc.rollout_workers, rc.engine, tokenizer.pad_token_id,
+                              build_rollout_worker, seed=plan.rollout.process.seed, gpu=gpu, max_restarts=rc.max_restarts,
+                              timeout_s=rc.engine_timeout_s, start_timeout_s=rc.timeout_s,
                               collective=rc.weight_sync == "collective")
-    components = reward_components(cfg, task)
-    scorer = RayScorer(components, collection.train, cfg.data.reward_workers, cfg.data.reward_timeout_s, rc.timeout_s)
-    collector = _collector(cfg, engine, scorer, collection)
-    targets = (engine,) if r.max_staleness == 0 else (collector,)
-    learner = RayLearnerGroup(plan.learner, weights, lrn.data_parallel, targets, reward_weights(components), RANK_BUILDERS,
+    components = reward_components(rewards, task)
+    scorer = RayScorer(components, collection.train, rewards.workers, rewards.timeout_s, rc.timeout_s)
+    collector = _collector(plan, engine, scorer, collection)
+    targets = (engine,) if plan.collection.max_staleness == 0 else (collector,)
+    learner = RayLearnerGroup(plan.learner, weights, ranks, targets, reward_weights(components), RANK_BUILDERS,
                               gpu=gpu, timeout_s=rc.timeout_s)
     if rc.weight_sync == "collective":
-        learner.form_weight_sync(engine.actors, lrn.collective_timeout_s)
+        learner.form_weight_sync(engine.actors, plan.learner.collective_timeout_s)
     return Roles(engine, scorer, collector, learner, cluster)
 
 
-def _collector(cfg: Config, engine, scorer, c: Collection):
-    return build_collector(cfg, engine, c.sampler, c.train, scorer, c.plan, c.generator)
+def _collector(plan: RunPlan, engine, scorer, c: Collection):
+    return build_collector(plan.collection.max_staleness, engine, c.sampler, c.train, scorer, c.plan, c.generator)

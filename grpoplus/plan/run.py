@@ -13,6 +13,7 @@ from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
+from grpoplus.plan.driver import ClusterPlan, CollectionPlan, RewardsPlan, cluster_plan, collection_plan, rewards_plan
 from grpoplus.plan.loop import LoopPlan, loop_plan
 
 
@@ -152,8 +153,9 @@ class RolloutRolePlan:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalPlan:
-    """Held-out evaluation's sampling (the rollout's where the rollout.eval_* keys are unset)."""
+    """Held-out evaluation's examples and sampling (the rollout's where the rollout.eval_* keys are unset)."""
 
+    examples: int  # data.eval_size: the held-out examples evaluated (at most)
     max_new_tokens: int  # greedy and sampled responses (a multi-turn trajectory: each turn)
     samples: int  # n sampled responses per held-out prompt (0: greedy only)
     ks: tuple[int, ...]  # the k of each eval/pass@k, each <= samples
@@ -174,6 +176,9 @@ class RunPlan:
     lora: LoraPlan
     eval: EvalPlan
     loop: LoopPlan
+    collection: CollectionPlan
+    rewards: RewardsPlan
+    cluster: ClusterPlan | None  # run.cluster=ray only
 
     def record(self) -> dict:
         """The config as plain data: what the trackers log with the run and the doctor reads its batch shape from."""
@@ -181,8 +186,8 @@ class RunPlan:
 
     def to_dict(self) -> dict:
         """Every derived decision as plain data, by part (the config itself is in ``config.yaml``)."""
-        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name)))
-                for f in dataclasses.fields(self) if f.name != "config"}
+        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)
+                if f.name != "config" and getattr(self, f.name) is not None}
 
 
 def _plain(value):
@@ -197,7 +202,8 @@ def _plain(value):
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
     return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
-                   lora=lora_plan(cfg), eval=eval_plan(cfg), loop=loop_plan(cfg))
+                   lora=lora_plan(cfg), eval=eval_plan(cfg), loop=loop_plan(cfg), collection=collection_plan(cfg),
+                   rewards=rewards_plan(cfg), cluster=cluster_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:
@@ -332,6 +338,7 @@ def eval_plan(cfg: Config) -> EvalPlan:
     rollout.eval_k, else for 1 and n (n = rollout.eval_samples; no pass@k when n = 0)."""
     r = cfg.rollout
     ks = set(r.eval_k) or ({1, r.eval_samples} if r.eval_samples > 0 else set())
-    return EvalPlan(max_new_tokens=r.eval_max_new_tokens or r.max_new_tokens, samples=r.eval_samples,
+    return EvalPlan(examples=cfg.data.eval_size, max_new_tokens=r.eval_max_new_tokens or r.max_new_tokens,
+                    samples=r.eval_samples,
                     ks=tuple(sorted(ks)), temperature=r.temperature if r.eval_temperature is None else r.eval_temperature,
                     top_p=r.top_p if r.eval_top_p is None else r.eval_top_p)
