@@ -75,7 +75,7 @@ def assemble(plan: RunPlan) -> Components:
         from grpoplus.assemble.sft import build_demos, demo_collector
 
         demos = build_demos(plan, task, train, tokenizer)
-        collector = demo_collector(plan, demos, tokenizer)
+        collector = demo_collector(plan.sft, demos, tokenizer)
     return Components(task, train, test[: plan.eval.examples], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner,
                       collector or roles.collector, roles.cluster, demos, data_metrics, plan)

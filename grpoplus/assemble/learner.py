@@ -18,6 +18,7 @@ from grpoplus.learner.packing import check_packing
 from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import check_replay
+from grpoplus.models.cpu_matmul import route
 from grpoplus.models.device import compute_device
 from grpoplus.models.freeze import freeze
 from grpoplus.plan.run import LearnerRolePlan
@@ -43,8 +44,8 @@ def build_sharded_parts(role: LearnerRolePlan, whole: torch.nn.Module | None, gr
 
     spec = group.broadcast_object(model_spec(whole) if group.rank == 0 else None)
     twin = functools.partial(sharded_twin, spec, whole, group.device, role.update.precision, role.cpu_offload)
-    model = twin()
-    return _parts(role, model, twin(frozen=True) if role.reference != "none" else None, mirror=whole)
+    model = route(twin())  # built from rank 0's spec, multiplied as the model grpoplus loaded (models.cpu_matmul)
+    return _parts(role, model, route(twin(frozen=True)) if role.reference != "none" else None, mirror=whole)
 
 
 def _parts(role: LearnerRolePlan, model: torch.nn.Module, ref_model: torch.nn.Module | None,

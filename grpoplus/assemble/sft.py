@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from grpoplus.config import Config
 from grpoplus.containers import SamplingParams
+from grpoplus.plan.driver import SftPlan
 from grpoplus.plan.run import RunPlan
 from grpoplus.sft.builtin import BUILTIN_DEMOS, builtin_rows
 from grpoplus.sft.collect import DemoCollector
@@ -26,28 +26,28 @@ TEACHER_STATS = "teacher_demos.json"
 
 def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
     """The stage's demonstrations, split into training and held-out ones (``sft.eval_demos``)."""
-    cfg, s = plan.config, plan.config.sft
+    s = plan.sft
     skipped: list[tuple[int, str]] = []
     source_correct = None
     if s.demos in BUILTIN_DEMOS:
-        demos = rows_demos(builtin_rows(s.demos, cfg.data.task, train), tokenizer, s.max_length)
+        demos = rows_demos(builtin_rows(s.demos, s.task, train), tokenizer, s.max_length)
     elif s.demos is not None:
-        demos, skipped = file_demos(s.demos, tokenizer, s.messages_field, s.max_length, cfg.data.on_bad_row)
+        demos, skipped = file_demos(s.demos, tokenizer, s.messages_field, s.max_length, s.on_bad_row)
     elif s.demo_model is not None:
         demos, source_correct = teacher_demos(plan, task, train, tokenizer)
     else:
-        demos = task_demos(task, train, tokenizer, s.direct_frac, cfg.run.seed, s.max_length)
+        demos = task_demos(task, train, tokenizer, s.direct_frac, s.seed, s.max_length)
     for _, reason in skipped[:3]:
         print(f"grpoplus sft: skipped {reason}", file=sys.stderr)
     if len(skipped) > 3:
         print(f"grpoplus sft: skipped {len(skipped)} demonstrations in all", file=sys.stderr)
-    kept, held_out = split_held_out(demos, s.eval_demos, cfg.run.seed)
+    kept, held_out = split_held_out(demos, s.eval_demos, s.seed)
     return DemoSet(kept, held_out, skipped, cut_count(demos, s.max_length), source_correct)
 
 
-def demo_collector(cfg: Config, demos: DemoSet, tokenizer) -> DemoCollector:
+def demo_collector(s: SftPlan, demos: DemoSet, tokenizer) -> DemoCollector:
     constants = {} if demos.source_correct is None else {"sft/demo_model_correct_frac": demos.source_correct}
-    return DemoCollector(demos.train, cfg.sft.demos_per_step, tokenizer.pad_token_id, cfg.run.seed, constants)
+    return DemoCollector(demos.train, s.demos_per_step, tokenizer.pad_token_id, s.seed, constants)
 
 
 def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Demo], float]:
@@ -55,17 +55,17 @@ def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Dem
     are: rollout.temperature, top_p, max_new_tokens), those the task's verifier accepts (``sft.demo_filter=correct``)
     or all, with the share that was correct; read back from the run directory when an earlier call of this stage
     wrote them."""
-    cfg = plan.config
-    saved, stats = Path(cfg.run.out) / TEACHER_DEMOS, Path(cfg.run.out) / TEACHER_STATS
+    s = plan.sft
+    saved, stats = Path(s.out) / TEACHER_DEMOS, Path(s.out) / TEACHER_STATS
     if saved.is_file() and stats.is_file():
         return ([Demo(tuple(r["prompt"]), tuple(r["response"]), tuple(r["trained"]))
                  for r in map(json.loads, saved.read_text().splitlines())],
                 json.loads(stats.read_text())["correct_frac"])
     rollouts = sample_teacher(plan, train, tokenizer)
-    correct = verdicts(task, train, rollouts, cfg.sft.demo_samples)
-    keep = [i for i in range(len(correct)) if correct[i] or cfg.sft.demo_filter == "all"]
+    correct = verdicts(task, train, rollouts, s.demo_samples)
+    keep = [i for i in range(len(correct)) if correct[i] or s.demo_filter == "all"]
     if not keep:
-        raise ValueError(f"sft.demo_model={cfg.sft.demo_model!r} answered none of the {len(train)} training prompts "
+        raise ValueError(f"sft.demo_model={s.demo_model!r} answered none of the {len(train)} training prompts "
                          "correctly: keep its answers anyway with sft.demo_filter=all, or use a stronger model")
     demos = [teacher_demo(rollouts, i) for i in keep]
     saved.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Dem
                                  "correct_frac": sum(correct) / len(correct)}) + "\n")
     saved.write_text("".join(json.dumps({"prompt": list(d.prompt), "response": list(d.response),
                                          "trained": list(d.trained)}) + "\n" for d in demos))  # last: marks them whole
-    print(f"grpoplus sft: {cfg.sft.demo_model} wrote {len(correct)} responses, {sum(correct)} correct; training on "
+    print(f"grpoplus sft: {s.demo_model} wrote {len(correct)} responses, {sum(correct)} correct; training on "
           f"{len(demos)} ({saved})", file=sys.stderr)
     return demos, sum(correct) / len(correct)
 
@@ -84,15 +84,13 @@ def sample_teacher(plan: RunPlan, train: list, tokenizer):
     from grpoplus.teacher import check_vocabulary
     from grpoplus.teacher.load import load_model
 
-    cfg = plan.config
-    check_vocabulary(cfg.sft.demo_model, tokenizer)
-    model, _ = load_model(cfg.sft.demo_model, plan.placement.device, cfg.data.task if cfg.data.data is None else None,
-                          cfg.data.difficulty)
+    s, r = plan.sft, plan.collection
+    check_vocabulary(s.demo_model, tokenizer)
+    model, _ = load_model(s.demo_model, plan.placement.device, s.task, s.difficulty)
     engine = build_engine(plan.rollout.engine, model, tokenizer, plan.rollout.process.seed)
-    r = cfg.rollout
-    params = SamplingParams(n=cfg.sft.demo_samples, temperature=r.temperature, top_p=r.top_p,
-                            max_new_tokens=r.max_new_tokens, seed=cfg.run.seed)
-    generator = torch.Generator().manual_seed(cfg.run.seed)
+    params = SamplingParams(n=s.demo_samples, temperature=r.temperature, top_p=r.top_p,
+                            max_new_tokens=r.max_new_tokens, seed=s.seed)
+    generator = torch.Generator().manual_seed(s.seed)
     parts = []
     try:
         for start in range(0, len(train), r.prompts_per_step):

@@ -84,6 +84,13 @@ def route(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def route_like(module: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
+    """Mark ``module`` (a layer made to stand in for ``source``) as ``source`` is marked; returns ``module``."""
+    if source.__dict__.get(MARK, False):
+        setattr(module, MARK, True)
+    return module
+
+
 def routes(module: torch.nn.Module) -> bool:
     """Whether ``module``'s float32 CPU products go to oneDNN: it is marked and the process's mode says so."""
     return _state["active"] and module.__dict__.get(MARK, False)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from grpoplus.models.cpu_matmul import route_like
 from grpoplus.models.qlora import is_4bit, plain_linear_types
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -116,6 +117,7 @@ def plain_model(model: torch.nn.Module, merged: bool = True) -> torch.nn.Module:
         linear.weight = torch.nn.Parameter(inner.weight.detach().clone() if merged else inner.weight,
                                            requires_grad=False)
         linear.bias = inner.bias
+        route_like(linear, inner)  # multiplied as the layer it stands in for (grpoplus.models.cpu_matmul)
         parent, _, child = name.rpartition(".")
         setattr(modules[parent] if parent else plain, child, linear)
     if merged:

@@ -81,3 +81,34 @@ def cluster_plan(cfg: Config) -> ClusterPlan | None:
     return ClusterPlan(address=rc.address, num_cpus=rc.num_cpus, timeout_s=rc.timeout_s, max_restarts=rc.max_restarts,
                        weight_sync=rc.weight_sync, rollout_workers=r.workers, engine=r.engine,
                        engine_timeout_s=r.engine_timeout_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftPlan:
+    """``run.stage=sft``: where the demonstrations come from and how they are batched and held out (a demonstration
+    model samples them as the rollouts are sampled: the collection plan's settings)."""
+
+    demos: str | None  # a file, a saved data set, or the name of built-in demonstrations
+    messages_field: str
+    max_length: int  # 0: no cut
+    direct_frac: float  # a built-in task's worked answers: the share answered directly
+    demo_model: str | None  # off-policy distillation: the model whose samples are the demonstrations
+    demo_samples: int
+    demo_filter: str  # correct | all
+    demos_per_step: int
+    eval_demos: int  # held out for eval/loss
+    task: str | None  # the built-in task of the run (None: a data set)
+    difficulty: object
+    on_bad_row: str  # skip | error
+    seed: int
+    out: str  # the run directory, where the demonstration model's samples are kept
+
+
+def sft_plan(cfg: Config) -> SftPlan | None:
+    if cfg.run.stage != "sft":
+        return None
+    s, d = cfg.sft, cfg.data
+    return SftPlan(demos=s.demos, messages_field=s.messages_field, max_length=s.max_length, direct_frac=s.direct_frac,
+                   demo_model=s.demo_model, demo_samples=s.demo_samples, demo_filter=s.demo_filter,
+                   demos_per_step=s.demos_per_step, eval_demos=s.eval_demos, task=d.task if d.data is None else None,
+                   difficulty=d.difficulty, on_bad_row=d.on_bad_row, seed=cfg.run.seed, out=str(cfg.run.out))

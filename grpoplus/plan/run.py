@@ -13,7 +13,16 @@ from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
-from grpoplus.plan.driver import ClusterPlan, CollectionPlan, RewardsPlan, cluster_plan, collection_plan, rewards_plan
+from grpoplus.plan.driver import (
+    ClusterPlan,
+    CollectionPlan,
+    RewardsPlan,
+    SftPlan,
+    cluster_plan,
+    collection_plan,
+    rewards_plan,
+    sft_plan,
+)
 from grpoplus.plan.loop import LoopPlan, loop_plan
 
 
@@ -179,6 +188,7 @@ class RunPlan:
     collection: CollectionPlan
     rewards: RewardsPlan
     cluster: ClusterPlan | None  # run.cluster=ray only
+    sft: SftPlan | None  # run.stage=sft only
 
     def record(self) -> dict:
         """The config as plain data: what the trackers log with the run and the doctor reads its batch shape from."""
@@ -203,7 +213,7 @@ def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
     return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
                    lora=lora_plan(cfg), eval=eval_plan(cfg), loop=loop_plan(cfg), collection=collection_plan(cfg),
-                   rewards=rewards_plan(cfg), cluster=cluster_plan(cfg))
+                   rewards=rewards_plan(cfg), cluster=cluster_plan(cfg), sft=sft_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:
