@@ -22,9 +22,18 @@ def pytest_collectreport(report):
 
 
 def pytest_configure(config):
-    """A pytest-xdist worker (``-n N``) runs torch on its share of the cores, so N workers do not oversubscribe them."""
+    """Every test process is set up as a run's process is (grpoplus.assemble.factories.build_process), whatever ran
+    before in it: float32 CPU products by learner.cpu_matmul=auto, for every model the tests build (they stand for
+    the models a run loads), and grouped key/value heads attended without copies. A pytest-xdist worker (``-n N``)
+    runs torch on its share of the cores, so N workers do not oversubscribe them."""
     import os
 
+    from grpoplus.models import cpu_matmul
+    from grpoplus.models.attention import use_cpu_gqa
+
+    cpu_matmul.use_cpu_matmul("auto")
+    cpu_matmul.route_every_layer()
+    use_cpu_gqa()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
         import torch

@@ -30,7 +30,7 @@ from grpoplus.models.device import cpuinfo
 MODES = ("auto", "onednn", "torch")
 MARK = "grpoplus_cpu_matmul"
 """The attribute :func:`route` sets on a linear layer of a model grpoplus loaded."""
-_state = {"active": False, "installed": False}
+_state = {"active": False, "installed": False, "every": False}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -73,7 +73,13 @@ def reset() -> None:
     """Undo :func:`use_cpu_matmul` (tests): ``nn.Linear`` gets torch's forward back and nothing is routed."""
     if _state["installed"]:
         torch.nn.Linear.forward = _TORCH_FORWARD
-    _state.update(active=False, installed=False)
+    _state.update(active=False, installed=False, every=False)
+
+
+def route_every_layer(on: bool = True) -> None:
+    """Treat every ``nn.Linear`` of this process as marked (``on``), for a process whose models all stand for ones a
+    run loads: the test suite builds its tiny models directly and multiplies them as a run would its own."""
+    _state["every"] = on
 
 
 def route(model: torch.nn.Module) -> torch.nn.Module:
@@ -92,8 +98,9 @@ def route_like(module: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Mod
 
 
 def routes(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s float32 CPU products go to oneDNN: it is marked and the process's mode says so."""
-    return _state["active"] and module.__dict__.get(MARK, False)
+    """Whether ``module``'s float32 CPU products go to oneDNN: it is marked (or every layer is) and the process's mode
+    says so."""
+    return _state["active"] and (_state["every"] or module.__dict__.get(MARK, False))
 
 
 def in_use() -> bool:
@@ -105,7 +112,7 @@ _TORCH_FORWARD = torch.nn.Linear.forward
 
 
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if self.__dict__.get(MARK, False):
+    if _state["every"] or self.__dict__.get(MARK, False):
         return linear(x, self.weight, self.bias)
     return F.linear(x, self.weight, self.bias)
 

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from grpoplus.envs.render import observation_ids
+from grpoplus.models.cpu_matmul import route
 from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.qlora import FourBit
@@ -216,7 +217,7 @@ def build_into(path: Path, recipe: dict) -> None:
     tokenizer = char_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe["seed"])
-        model = tiny_model(tokenizer, size=recipe["size"], seed=recipe["seed"])
+        model = route(tiny_model(tokenizer, size=recipe["size"], seed=recipe["seed"]))  # the run's learner.cpu_matmul
         started = time.perf_counter()
         with balance_loss_while_training(model):
             losses = train_sft(

@@ -190,6 +190,7 @@ def test_a_model_grpoplus_did_not_load_keeps_torchs_products(mode, products):
     # a library user's own model in a process whose run routes to oneDNN: its layers are not marked, so torch computes
     # them, and the chunked head of an unmarked head too
     mode("onednn")
+    cpu_matmul.route_every_layer(False)  # as a run's process: only what grpoplus loaded is marked
     own = torch.nn.Linear(16, 8)
     own(torch.randn(4, 16))
     h, w = torch.randn(3, 16), torch.randn(20, 16)
@@ -205,7 +206,7 @@ def test_loading_a_model_marks_it_and_patches_nothing(monkeypatch):
     from grpoplus.models.tiny import tiny_model
     from grpoplus.models.tokenizer import char_tokenizer
 
-    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False})
+    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False, "every": False})
     monkeypatch.setattr(torch.nn.Linear, "forward", cpu_matmul._TORCH_FORWARD)
     tok = char_tokenizer()
     model, _ = prepared(tiny_model(tok, size="nano"), tok, "cpu")
@@ -215,7 +216,7 @@ def test_loading_a_model_marks_it_and_patches_nothing(monkeypatch):
 
 
 def test_reset_gives_nn_linear_torchs_forward_back(monkeypatch):
-    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False})
+    monkeypatch.setattr(cpu_matmul, "_state", {"active": False, "installed": False, "every": False})
     monkeypatch.setattr(torch.nn.Linear, "forward", cpu_matmul._TORCH_FORWARD)
     use_cpu_matmul("torch")
     assert torch.nn.Linear.forward is not cpu_matmul._TORCH_FORWARD
