@@ -282,7 +282,19 @@ class VLLMEngine:
             if engine is not None and hasattr(engine, "shutdown"):
                 engine.shutdown()
             self.llm = None
+            _release_parallel_groups()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _release_parallel_groups() -> None:
+    """Drop the model-parallel groups an in-process vLLM engine set up, so the next engine of this process sets up
+    its own: a mixture-of-experts model needs an expert-parallel group that a dense model's engine did not make
+    ("expert parallel group is not initialized"). The process's torch.distributed group is left alone (a learner's)."""
+    try:
+        from vllm.distributed.parallel_state import destroy_model_parallel
+    except ImportError:
+        return
+    destroy_model_parallel()
 
 
 def _sampled_logprob(entry: dict, token: int) -> float:

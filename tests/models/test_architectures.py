@@ -242,3 +242,20 @@ def test_the_vllm_engine_runs_each_architecture_its_table_says_and_refuses_the_o
         engine.close()
     logp, _ = response_logprobs(model, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
     torch.testing.assert_close(logp * r.response_mask, r.logp_roll * r.response_mask, atol=TOL, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm: pip install -e '.[vllm]'")
+def test_a_mixture_of_experts_engine_starts_after_a_dense_one_in_the_same_process(tok):
+    # an in-process vLLM engine's model-parallel groups are dropped on close: a dense model's groups have no
+    # expert-parallel one, which the next engine's MoE model needs
+    from grpoplus.rollout import ENGINES, EngineOptions
+
+    outputs = []
+    for name in ("llama", "glm4_moe"):
+        engine = ENGINES.get("vllm")(tiny_family_model(tok, name), tok, EngineOptions(max_model_len=128))
+        try:
+            outputs.append(engine.generate(PROMPTS, SamplingParams(n=G, max_new_tokens=4, seed=0)))
+        finally:
+            engine.close()
+    assert all(r.response_mask.sum() > 0 for r in outputs)
