@@ -14,7 +14,9 @@ SANDBOX_UID_MIN = 1_900_000_000
 
 
 def _live_sandbox_processes() -> list[int]:
-    """Live processes running under a sandbox uid (zombies excluded)."""
+    """Live processes running under a uid this test process's sandbox calls drop to (zombies excluded): each process
+    draws from its own block of 1000 uids, so another test process's sandboxes (pytest -n) are not counted."""
+    own = SANDBOX_UID_MIN + (os.getpid() % 90_000) * 1000
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -24,7 +26,7 @@ def _live_sandbox_processes() -> list[int]:
                 status = dict(line.split(":", 1) for line in f if line.startswith(("State:", "Uid:")))
         except (OSError, ValueError):
             continue
-        if not status["State"].strip().startswith("Z") and int(status["Uid"].split()[0]) >= SANDBOX_UID_MIN:
+        if not status["State"].strip().startswith("Z") and own <= int(status["Uid"].split()[0]) < own + 1000:
             pids.append(int(entry))
     return pids
 
