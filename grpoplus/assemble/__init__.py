@@ -59,6 +59,10 @@ def assemble(plan: RunPlan) -> Components:
 
     build_process(plan.learner.process)
     check_precision(plan.learner.update.precision, plan.placement.device)
+    if plan.cluster is not None and plan.cluster.address not in (None, "auto"):
+        from grpoplus.distributed.ray_cluster import probe
+
+        probe(plan.cluster.address, plan.cluster.timeout_s)  # one that does not answer: before minutes of loading
     task, train, test, model, tokenizer, data_metrics = build_task_and_model(plan)
     check_vocabulary(plan.learner.teacher, tokenizer)  # before the learner ranks load the teacher
     replay = check_replay(plan.learner.update.routing_replay, model) is not None  # an MoE policy: the sampler's routing too

@@ -36,7 +36,7 @@ class Cluster:
         if not self.owned:
             return
         if address not in (None, "auto"):
-            _probe(address, min(timeout_s, PROBE_TIMEOUT_S))
+            probe(address, timeout_s)
         kwargs = {"include_dashboard": False} if address is None else {"address": address}
         if address is None and num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
@@ -65,8 +65,10 @@ def role_resources(gpu: bool) -> dict:
     return {"num_gpus": 1} if gpu else {"num_cpus": 0}
 
 
-def _probe(address: str, timeout_s: float) -> None:
-    """A ``host:port`` that does not accept a connection is an error within ``timeout_s``."""
+def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """A ``host:port`` that does not accept a connection is an error within ``timeout_s`` (at most
+    :data:`PROBE_TIMEOUT_S`)."""
+    timeout_s = min(timeout_s, PROBE_TIMEOUT_S)
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379)")
