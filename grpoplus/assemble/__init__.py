@@ -66,7 +66,7 @@ def assemble(plan: RunPlan) -> Components:
     task, train, test, model, tokenizer, data_metrics = build_task_and_model(plan)
     check_vocabulary(plan.learner.teacher, tokenizer)  # before the learner ranks load the teacher
     replay = check_replay(plan.learner.update.routing_replay, model) is not None  # an MoE policy: the sampler's routing too
-    seed = plan.collection.seed
+    seed = plan.seed
     collection = Collection(train, build_collect_plan(plan, tokenizer, model), PromptSampler(len(train), seed),
                             torch.Generator().manual_seed(seed))
     if plan.cluster is not None:
@@ -79,7 +79,7 @@ def assemble(plan: RunPlan) -> Components:
         from grpoplus.assemble.sft import build_demos, demo_collector
 
         demos = build_demos(plan, task, train, tokenizer)
-        collector = demo_collector(plan.sft, demos, tokenizer)
+        collector = demo_collector(plan, demos, tokenizer)
     return Components(task, train, test[: plan.eval.examples], tokenizer, roles.engine, roles.scorer,
                       collection.sampler, collection.generator, collection.plan, roles.learner,
                       collector or roles.collector, roles.cluster, demos, data_metrics, plan)

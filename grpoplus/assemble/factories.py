@@ -1,7 +1,8 @@
 """Leaf factories: each turns its part of a run's plan (:mod:`grpoplus.plan.run`) into one component (policy, data,
 rewards, engine, optimizer, collection), for any launch and any process of a run, the roles' own processes
-included. The role-side ones (process, policy, optimizer, engine, rollout worker) take a role's plan; the driver-side
-ones (task, rewards, collection) read the user's settings the plan carries (``RunPlan.config``)."""
+included. The role-side ones (process, policy, optimizer, engine, rollout worker) take a role's plan, the driver-side
+ones (rewards, collection) their part of the run's plan; the task and its data still read the user's settings the
+plan carries (``RunPlan.config``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from grpoplus.containers import SamplingParams
-from grpoplus.plan.driver import SftPlan
 from grpoplus.plan.run import RunPlan
 from grpoplus.sft.builtin import BUILTIN_DEMOS, builtin_rows
 from grpoplus.sft.collect import DemoCollector
@@ -36,18 +35,18 @@ def build_demos(plan: RunPlan, task, train: list, tokenizer) -> DemoSet:
     elif s.demo_model is not None:
         demos, source_correct = teacher_demos(plan, task, train, tokenizer)
     else:
-        demos = task_demos(task, train, tokenizer, s.direct_frac, s.seed, s.max_length)
+        demos = task_demos(task, train, tokenizer, s.direct_frac, plan.seed, s.max_length)
     for _, reason in skipped[:3]:
         print(f"grpoplus sft: skipped {reason}", file=sys.stderr)
     if len(skipped) > 3:
         print(f"grpoplus sft: skipped {len(skipped)} demonstrations in all", file=sys.stderr)
-    kept, held_out = split_held_out(demos, s.eval_demos, s.seed)
+    kept, held_out = split_held_out(demos, s.eval_demos, plan.seed)
     return DemoSet(kept, held_out, skipped, cut_count(demos, s.max_length), source_correct)
 
 
-def demo_collector(s: SftPlan, demos: DemoSet, tokenizer) -> DemoCollector:
+def demo_collector(plan: RunPlan, demos: DemoSet, tokenizer) -> DemoCollector:
     constants = {} if demos.source_correct is None else {"sft/demo_model_correct_frac": demos.source_correct}
-    return DemoCollector(demos.train, s.demos_per_step, tokenizer.pad_token_id, s.seed, constants)
+    return DemoCollector(demos.train, plan.sft.demos_per_step, tokenizer.pad_token_id, plan.seed, constants)
 
 
 def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Demo], float]:
@@ -55,8 +54,8 @@ def teacher_demos(plan: RunPlan, task, train: list, tokenizer) -> tuple[list[Dem
     are: rollout.temperature, top_p, max_new_tokens), those the task's verifier accepts (``sft.demo_filter=correct``)
     or all, with the share that was correct; read back from the run directory when an earlier call of this stage
     wrote them."""
-    s = plan.sft
-    saved, stats = Path(s.out) / TEACHER_DEMOS, Path(s.out) / TEACHER_STATS
+    s, out = plan.sft, Path(plan.loop.out)
+    saved, stats = out / TEACHER_DEMOS, out / TEACHER_STATS
     if saved.is_file() and stats.is_file():
         return ([Demo(tuple(r["prompt"]), tuple(r["response"]), tuple(r["trained"]))
                  for r in map(json.loads, saved.read_text().splitlines())],
@@ -89,8 +88,8 @@ def sample_teacher(plan: RunPlan, train: list, tokenizer):
     model, _ = load_model(s.demo_model, plan.placement.device, s.task, s.difficulty)
     engine = build_engine(plan.rollout.engine, model, tokenizer, plan.rollout.process.seed)
     params = SamplingParams(n=s.demo_samples, temperature=r.temperature, top_p=r.top_p,
-                            max_new_tokens=r.max_new_tokens, seed=s.seed)
-    generator = torch.Generator().manual_seed(s.seed)
+                            max_new_tokens=r.max_new_tokens, seed=plan.seed)
+    generator = torch.Generator().manual_seed(plan.seed)
     parts = []
     try:
         for start in range(0, len(train), r.prompts_per_step):

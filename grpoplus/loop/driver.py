@@ -93,7 +93,7 @@ def run_eval(c: Components, step: int) -> dict:
     if c.demos is None or c.plan.loop.eval_accuracy:
         e = c.plan.eval
         metrics.update(evaluate(c.engine, c.task, c.test, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
-                                top_p=e.top_p, samples=e.samples, ks=e.ks, seed=c.plan.loop.seed * 7919 + step,
+                                top_p=e.top_p, samples=e.samples, ks=e.ks, seed=c.plan.seed * 7919 + step,
                                 episodes=c.collect_plan.episodes))
     return metrics
 
@@ -154,7 +154,7 @@ def evaluate_only(cfg: Config) -> dict:
     finally:
         c.close()
     loop = plan.loop
-    record = {"model": loop.model, "task": loop.task, "examples": len(c.test), "seed": loop.seed,
+    record = {"model": loop.model, "task": loop.task, "examples": len(c.test), "seed": plan.seed,
               **{k: float(v) for k, v in sorted(metrics.items())}}
     out = Path(loop.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def preflight(c: Components) -> Preflight:
     loop = c.plan.loop
     if not loop.preflight_prompts:
         return Preflight()
-    return check_rewards(c, loop.preflight_prompts, loop.seed)
+    return check_rewards(c, loop.preflight_prompts, c.plan.seed)
 
 
 def check_only(cfg: Config) -> int:

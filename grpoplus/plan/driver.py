@@ -21,7 +21,6 @@ class CollectionPlan:
     top_p: float
     max_new_tokens: int
     max_staleness: int  # 0: synchronous; K: sampling runs up to K policy versions ahead of the learner
-    seed: int  # the prompt order's and the sampling generator's
     env: str | None  # the environment the rows are played in (data.env, data.tools, or the task's own)
     tools: tuple  # data.tools: the tool functions of the tools environment
     chat_template: bool
@@ -62,7 +61,7 @@ def collection_plan(cfg: Config) -> CollectionPlan:
     r, d = cfg.rollout, cfg.data
     return CollectionPlan(
         prompts_per_step=r.prompts_per_step, group_size=r.group_size, temperature=r.temperature, top_p=r.top_p,
-        max_new_tokens=r.max_new_tokens, max_staleness=r.max_staleness, seed=cfg.run.seed, env=env_of(d),
+        max_new_tokens=r.max_new_tokens, max_staleness=r.max_staleness, env=env_of(d),
         tools=tuple(d.tools), chat_template=d.chat_template, max_turns=r.max_turns,
         max_episode_tokens=r.max_episode_tokens, env_timeout_s=r.env_timeout_s, env_patience_s=r.env_patience_s)
 
@@ -100,8 +99,6 @@ class SftPlan:
     task: str | None  # the built-in task of the run (None: a data set)
     difficulty: object
     on_bad_row: str  # skip | error
-    seed: int
-    out: str  # the run directory, where the demonstration model's samples are kept
 
 
 def sft_plan(cfg: Config) -> SftPlan | None:
@@ -111,4 +108,4 @@ def sft_plan(cfg: Config) -> SftPlan | None:
     return SftPlan(demos=s.demos, messages_field=s.messages_field, max_length=s.max_length, direct_frac=s.direct_frac,
                    demo_model=s.demo_model, demo_samples=s.demo_samples, demo_filter=s.demo_filter,
                    demos_per_step=s.demos_per_step, eval_demos=s.eval_demos, task=d.task if d.data is None else None,
-                   difficulty=d.difficulty, on_bad_row=d.on_bad_row, seed=cfg.run.seed, out=str(cfg.run.out))
+                   difficulty=d.difficulty, on_bad_row=d.on_bad_row)

@@ -16,7 +16,6 @@ class LoopPlan:
     out: str  # the run directory
     overwrite: bool  # a run directory holding another run's outputs is emptied (else refused)
     max_steps: int
-    seed: int  # run.seed: the held-out sampling's and the preflight's generators derive from it
     eval_every: int  # 0: at step 0 and the last step only
     eval_accuracy: bool  # a supervised stage's evaluation samples answers too (sft.eval_accuracy)
     save_every: int
@@ -42,7 +41,7 @@ def loop_plan(cfg: Config) -> LoopPlan:
     # a supervised stage writes none: its rows are demonstrations, with no sampler log-probs or advantages
     traces = 0 if run.stage == "sft" else -1 if run.traces is True else int(run.traces)
     return LoopPlan(
-        stage=run.stage, out=str(run.out), overwrite=run.overwrite, max_steps=run.max_steps, seed=run.seed,
+        stage=run.stage, out=str(run.out), overwrite=run.overwrite, max_steps=run.max_steps,
         eval_every=run.eval_every, eval_accuracy=cfg.sft.eval_accuracy, save_every=run.save_every,
         keep_checkpoints=run.keep_checkpoints, log_samples=run.log_samples, traces=traces,
         traces_max_bytes=int(run.traces_max_mb * 2**20), loggers=tuple(run.loggers), progress=run.progress,

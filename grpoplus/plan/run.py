@@ -190,6 +190,12 @@ class RunPlan:
     cluster: ClusterPlan | None  # run.cluster=ray only
     sft: SftPlan | None  # run.stage=sft only
 
+    @property
+    def seed(self) -> int:
+        """``run.seed``, recorded once in the process plan every process of the run is set up from (the driver's
+        too): the prompt order, the held-out sampling, the preflight and the demonstrations draw from it."""
+        return self.learner.process.seed
+
     def record(self) -> dict:
         """The config as plain data: what the trackers log with the run and the doctor reads its batch shape from."""
         return self.config.to_dict()

@@ -127,3 +127,20 @@ def test_a_role_plan_records_each_fact_once(role):
     paths = _field_paths(getattr(run, role))
     for fact in ("seed", "sharded"):
         assert len([p for p in paths if p.rsplit(".", 1)[-1] == fact]) <= 1, (fact, paths)
+
+
+def test_the_driver_side_parts_take_the_runs_seed_from_the_process_plan():
+    # the loop, collection, rewards, cluster and supervised-stage plans hold no seed of their own: RunPlan.seed is
+    # the process plan's, the one every process of the run (the driver's too) is set up from
+    from grpoplus.plan import run
+
+    driver_parts = [f for f in dataclasses.fields(run.RunPlan) if f.name not in ("config", "learner", "rollout")]
+    paths = [p for f in driver_parts for p in _field_paths(_plan_class(run, f.type), f"{f.name}.")]
+    assert [p for p in paths if p.rsplit(".", 1)[-1] == "seed"] == []
+    plan = _plan("run.seed=7")
+    assert plan.seed == plan.learner.process.seed == 7
+
+
+def _plan_class(module, annotation: str):
+    """The plan dataclass a field's annotation (``"LoopPlan"``, ``"ClusterPlan | None"``) names."""
+    return getattr(module, annotation.split("|")[0].strip())
