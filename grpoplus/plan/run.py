@@ -176,7 +176,7 @@ class EvalPlan:
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
     own part; the dry run renders it. ``config``: the user's validated settings (what the assembly still reads for
-    the task, the rewards and the collection; the driver's loop runs from ``loop`` and reads none)."""
+    the task and its data; every other part, the driver's loop included, runs from its own plan)."""
 
     config: Config
     placement: Placement

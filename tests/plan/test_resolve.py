@@ -144,3 +144,14 @@ def test_the_driver_side_parts_take_the_runs_seed_from_the_process_plan():
 def _plan_class(module, annotation: str):
     """The plan dataclass a field's annotation (``"LoopPlan"``, ``"ClusterPlan | None"``) names."""
     return getattr(module, annotation.split("|")[0].strip())
+
+
+def test_the_plan_files_of_a_new_start_replace_the_old_ones(tmp_path):
+    # a part the new plan lacks (the supervised stage's, after run.stage=sft) leaves no stale file behind
+    from grpoplus.plan import plan_files, write_plan_files
+
+    write_plan_files(tmp_path, _plan("run.stage=sft"))
+    assert (tmp_path / "sft.yaml").is_file()
+    plan = _plan()
+    write_plan_files(tmp_path, plan)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == plan_files(plan)
