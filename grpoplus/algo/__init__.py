@@ -13,12 +13,14 @@ and aggregation is a pure function in a registry, so a user adds one with a deco
 The names below are imported on first use, so ``grpoplus.algo.config`` (the ``AlgoConfig`` the config schema
 holds) and the registries load without torch."""
 
+# ruff: noqa: F401  (the imports below are for type checkers: the names are handed out by __getattr__)
+
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/config/test_schema.py ties them)
     from grpoplus.algo.advantages import (
         batch_whitened,
         compute_advantages,
@@ -62,109 +64,28 @@ if TYPE_CHECKING:
     from grpoplus.algo.losses import per_sequence, ratio_dependent, selects_tokens
     from grpoplus.algo.registries import ADVANTAGES, AGGREGATIONS, CORRECTIONS, DISTILL_LOSSES, KL_ESTIMATORS, LOSSES
 
-_HOMES = {
-    "batch_whitened": "grpoplus.algo.advantages",
-    "compute_advantages": "grpoplus.algo.advantages",
-    "compute_advantages_multi": "grpoplus.algo.advantages",
-    "group_relative": "grpoplus.algo.advantages",
-    "group_stats": "grpoplus.algo.advantages",
-    "process_advantages": "grpoplus.algo.advantages",
-    "return_to_go_advantages": "grpoplus.algo.advantages",
-    "whiten_tokens": "grpoplus.algo.advantages",
-    "LossNorm": "grpoplus.algo.aggregation",
-    "sequence_mean": "grpoplus.algo.aggregation",
-    "AlgoConfig": "grpoplus.algo.config",
-    "PRESETS": "grpoplus.algo.config",
-    "apply_mask_corrections": "grpoplus.algo.core",
-    "correction_weights": "grpoplus.algo.core",
-    "mismatch_metrics": "grpoplus.algo.core",
-    "needs_token_selection": "grpoplus.algo.core",
-    "policy_loss": "grpoplus.algo.core",
-    "prepare_loss": "grpoplus.algo.core",
-    "select_tokens": "grpoplus.algo.core",
-    "Correction": "grpoplus.algo.corrections",
-    "clip_cov_select": "grpoplus.algo.covariance",
-    "kl_cov_select": "grpoplus.algo.covariance",
-    "token_covariance": "grpoplus.algo.covariance",
-    "generalized_jsd": "grpoplus.algo.distill",
-    "opd_advantages": "grpoplus.algo.distill",
-    "opd_metrics": "grpoplus.algo.distill",
-    "opd_token_kl": "grpoplus.algo.distill",
-    "reverse_kl": "grpoplus.algo.distill",
-    "EntropyControl": "grpoplus.algo.entropy",
-    "dynamic_sampling_keep": "grpoplus.algo.filters",
-    "gfpo_select": "grpoplus.algo.filters",
-    "high_entropy_mask": "grpoplus.algo.filters",
-    "overlong_filter_mask": "grpoplus.algo.filters",
-    "soft_overlong_penalty": "grpoplus.algo.filters",
-    "zero_variance_groups": "grpoplus.algo.filters",
-    "kl_in_reward": "grpoplus.algo.kl",
-    "reset_reference": "grpoplus.algo.kl",
-    "should_reset_reference": "grpoplus.algo.kl",
-    "soft_update_reference": "grpoplus.algo.kl",
-    "update_reference": "grpoplus.algo.kl",
-    "per_sequence": "grpoplus.algo.losses",
-    "ratio_dependent": "grpoplus.algo.losses",
-    "selects_tokens": "grpoplus.algo.losses",
-    "ADVANTAGES": "grpoplus.algo.registries",
-    "AGGREGATIONS": "grpoplus.algo.registries",
-    "CORRECTIONS": "grpoplus.algo.registries",
-    "DISTILL_LOSSES": "grpoplus.algo.registries",
-    "KL_ESTIMATORS": "grpoplus.algo.registries",
-    "LOSSES": "grpoplus.algo.registries",
+_EXPORTS = {  # module -> the names it hands out here
+    "grpoplus.algo.advantages": ["batch_whitened", "compute_advantages", "compute_advantages_multi", "group_relative",
+                                 "group_stats", "process_advantages", "return_to_go_advantages", "whiten_tokens"],
+    "grpoplus.algo.aggregation": ["LossNorm", "sequence_mean"],
+    "grpoplus.algo.config": ["AlgoConfig", "PRESETS"],
+    "grpoplus.algo.core": ["apply_mask_corrections", "correction_weights", "mismatch_metrics", "needs_token_selection",
+                           "policy_loss", "prepare_loss", "select_tokens"],
+    "grpoplus.algo.corrections": ["Correction"],
+    "grpoplus.algo.covariance": ["clip_cov_select", "kl_cov_select", "token_covariance"],
+    "grpoplus.algo.distill": ["generalized_jsd", "opd_advantages", "opd_metrics", "opd_token_kl", "reverse_kl"],
+    "grpoplus.algo.entropy": ["EntropyControl"],
+    "grpoplus.algo.filters": ["dynamic_sampling_keep", "gfpo_select", "high_entropy_mask", "overlong_filter_mask",
+                              "soft_overlong_penalty", "zero_variance_groups"],
+    "grpoplus.algo.kl": ["kl_in_reward", "reset_reference", "should_reset_reference", "soft_update_reference",
+                         "update_reference"],
+    "grpoplus.algo.losses": ["per_sequence", "ratio_dependent", "selects_tokens"],
+    "grpoplus.algo.registries": ["ADVANTAGES", "AGGREGATIONS", "CORRECTIONS", "DISTILL_LOSSES", "KL_ESTIMATORS",
+                                 "LOSSES"],
 }
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = [
-    "ADVANTAGES",
-    "AGGREGATIONS",
-    "CORRECTIONS",
-    "DISTILL_LOSSES",
-    "KL_ESTIMATORS",
-    "LOSSES",
-    "PRESETS",
-    "AlgoConfig",
-    "Correction",
-    "EntropyControl",
-    "LossNorm",
-    "apply_mask_corrections",
-    "batch_whitened",
-    "clip_cov_select",
-    "compute_advantages",
-    "compute_advantages_multi",
-    "correction_weights",
-    "dynamic_sampling_keep",
-    "generalized_jsd",
-    "gfpo_select",
-    "group_relative",
-    "group_stats",
-    "high_entropy_mask",
-    "kl_cov_select",
-    "kl_in_reward",
-    "mismatch_metrics",
-    "needs_token_selection",
-    "opd_advantages",
-    "opd_metrics",
-    "opd_token_kl",
-    "overlong_filter_mask",
-    "per_sequence",
-    "policy_loss",
-    "prepare_loss",
-    "process_advantages",
-    "ratio_dependent",
-    "reset_reference",
-    "return_to_go_advantages",
-    "reverse_kl",
-    "select_tokens",
-    "selects_tokens",
-    "sequence_mean",
-    "should_reset_reference",
-    "soft_overlong_penalty",
-    "soft_update_reference",
-    "token_covariance",
-    "update_reference",
-    "whiten_tokens",
-    "zero_variance_groups",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):

@@ -51,3 +51,16 @@ def test_a_registry_loads_its_builtins_at_the_first_lookup():
 
     assert {"grpo", "dr_grpo", "rloo"} <= set(ADVANTAGES.names())
     assert "clip" in LOSSES and callable(LOSSES.get("clip"))
+
+
+def test_the_algo_packages_type_checking_imports_name_what_it_hands_out():
+    # the TYPE_CHECKING imports (what editors and type checkers see) and the names __getattr__ hands out agree
+    import ast
+    from pathlib import Path
+
+    import grpoplus.algo as algo
+
+    tree = ast.parse(Path(algo.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {a.name: n.module for n in block.body for a in n.names}
+    assert imported == algo._HOMES
