@@ -30,15 +30,16 @@ class MathVerifier:
     form (False where there is no answer).
     """
 
-    def __init__(self, start_timeout_s: float = 60.0):
+    def __init__(self, start_timeout_s: float = 60.0, command: list[str] | None = None):
         self.start_timeout_s = start_timeout_s
+        self.command = command or [sys.executable, "-m", "grpoplus.rewards.verifier"]  # speaks the protocol of _serve
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._ready = False
 
     def _spawn(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "grpoplus.rewards.verifier"],
+            self.command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

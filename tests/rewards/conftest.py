@@ -1,11 +1,26 @@
 """Tiny classifiers (a reward model, a process reward model) saved as Hugging Face directories."""
 
+import os
+import sys
+
 import pytest
 import torch
 from transformers import LlamaForSequenceClassification, LlamaForTokenClassification
 
 from grpoplus.models.tiny import tiny_config
 from grpoplus.models.tokenizer import char_tokenizer
+from grpoplus.rewards import verifier
+
+# A verification worker that hangs on the answer HANG, whatever the machine (sympy's time on a power tower is not)
+HANGING_WORKER = """
+import json, sys, time
+print("ready", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if request["pred"] == "HANG":
+        time.sleep(3600)
+    print(json.dumps({"equal": request["gold"] == request["pred"]}), flush=True)
+"""
 
 CLASSES = {"sequence": LlamaForSequenceClassification, "token": LlamaForTokenClassification}
 
@@ -41,3 +56,12 @@ def new_classifier(tmp_path):
     (one no other test has loaded)."""
     return lambda name, kind, num_labels, seed=0, tokenizer=None: save_classifier(
         tmp_path / name, kind, num_labels, tokenizer, seed)
+
+
+@pytest.fixture
+def hanging_verifier(monkeypatch):
+    """This process's math verifier, replaced by one whose worker hangs on the answer HANG."""
+    hanging = verifier.MathVerifier(command=[sys.executable, "-c", HANGING_WORKER])
+    monkeypatch.setitem(verifier._DEFAULTS, os.getpid(), hanging)
+    yield hanging
+    hanging.close()

@@ -53,9 +53,9 @@ def test_power_tower_hang_is_unscored_not_zero_is_counted_and_the_verifier_recov
     assert math_reward(r"\boxed{\frac{3}{4}}", "0.75") == 1.0  # the replacement worker answers
 
 
-def test_a_hung_check_leaves_the_sample_out_of_its_group_as_a_timeout():
+def test_a_hung_check_leaves_the_sample_out_of_its_group_as_a_timeout(hanging_verifier):
     pipeline = RewardPipeline(parse_reward_specs(["math:timeout_s=1.0"]), timeout_s=10)
-    result = pipeline(["q"] * 3, [POWER_TOWER, r"\boxed{1}", r"\boxed{2}"], {"answer": ["1", "1", "1"]})
+    result = pipeline(["q"] * 3, [r"\boxed{HANG}", r"\boxed{1}", r"\boxed{2}"], {"answer": ["1", "1", "1"]})
     assert result.scored == [False, True, True]
     assert result.components["math"] == [None, 1.0, 0.0]
     assert result.metrics["reward/timeouts"] == 1 and result.metrics["reward/math/verifier_timeouts"] == 1

@@ -130,9 +130,9 @@ def test_field_length_mismatch_is_rejected():
         RewardPipeline([comp("a", lambda p, c, **f: [0.0] * len(c))])(["q"] * 2, ["a", "b"], {"answer": ["1"]})
 
 
-def test_verifier_timeouts_reach_the_metrics():
+def test_verifier_timeouts_reach_the_metrics(hanging_verifier):
     [math] = parse_reward_specs(["math:1.0:timeout_s=1.0"])
-    result = RewardPipeline([math])(["q"] * 2, [r"\boxed{2^{2^{2^{2^{2^{2}}}}}}", r"\boxed{2}"], {"answer": ["1", "2"]})
+    result = RewardPipeline([math])(["q"] * 2, [r"\boxed{HANG}", r"\boxed{2}"], {"answer": ["1", "2"]})
     assert result.total == [0.0, 1.0]
     assert result.metrics["reward/timeouts"] == 1.0 and result.errors == 1
 
