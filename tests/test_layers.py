@@ -124,10 +124,24 @@ def test_the_shared_core_imports_no_other_package_nor_torch():
 
 
 def test_the_dry_run_never_imports_the_assembly():
-    # it describes the run from the same plan the assembly builds from (grpoplus.plan), never from the assembly itself
+    # it describes the run from the same plan the assembly builds from (grpoplus.plan), never from the assembly itself;
+    # only the data factory, which reads the training prompts as the run reads them (no model), is shared
     reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / "dryrun").rglob("*.py")
-                      for t, _, _ in imports(p, top_level_only=False) if unit(t) == "assemble"})
+                      for t, _, _ in imports(p, top_level_only=False)
+                      if unit(t) == "assemble" and t != "grpoplus.assemble.data"})
     assert reached == []
+
+
+def test_the_dry_run_reads_the_plan_alone():
+    """grpoplus/dryrun/ builds the config (as a run does, to fail the same way) and resolves it; past that it renders
+    the plan: no Config, no config section read, no setting decided again."""
+    taken = sorted(f"{module_name(p)}: {name}" for p in (ROOT / "dryrun").rglob("*.py")
+                   for m, name, _ in imports(p, top_level_only=False)
+                   if m.startswith("grpoplus.config") and name not in ("build_config", "resumed_config"))
+    reads = sorted(f"{module_name(p)}:{n}: {m.group(0)}" for p in (ROOT / "dryrun").rglob("*.py")
+                   for n, line in enumerate(p.read_text().splitlines(), 1)
+                   for m in re.finditer(r"\bConfig\b|\bcfg\.|\bplan\.config\b|\.startswith\(\"cuda", line))
+    assert taken == [] and reads == []
 
 
 def test_past_the_edge_nothing_builds_a_config():

@@ -98,8 +98,8 @@ def build_policy(policy: PolicyPlan, device: str, seed: int, trains: bool = True
         if is_builtin(name):
             return load_builtin(name, policy.task, policy.difficulty, seed=seed, eval_seed=policy.eval_seed,
                                 device=device, quantize=four_bit(policy))
-        return load_policy(name, device=device, lora=policy.lora, shards=policy.shards, trains=trains,
-                           quantize=four_bit(policy))
+        footprint = policy.footprint if trains else policy.footprint.copy_only()
+        return load_policy(name, device=device, footprint=footprint, quantize=four_bit(policy))
 
 
 def four_bit(policy: PolicyPlan) -> FourBit | None:

@@ -5,7 +5,7 @@ GPU, no vLLM and no Ray. The dry run validates the config as a run does (a bad k
 way), but notes what the machine lacks (:mod:`grpoplus.core.needs`) instead of stopping; then it shows the
 resolved config, where each role would run, the memory each device would hold, and the tokens of a step.
 No weight is read: parameter counts come from config.json / GGUF headers or the table of
-:mod:`grpoplus.dryrun.sizes`.
+:mod:`grpoplus.models.sizes`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import yaml
 
-from grpoplus.config import Config, build_config, resumed_config
+from grpoplus.config import build_config, resumed_config
 from grpoplus.core.needs import collecting
 from grpoplus.dryrun.memory import Device, estimate_memory
 from grpoplus.dryrun.roles import Role, machine_needs, roles_of, warnings
-from grpoplus.dryrun.sizes import ModelSize, model_size
 from grpoplus.dryrun.tokens import Tokens, token_budget
+from grpoplus.models.sizes import ModelSize, model_size
 from grpoplus.plan import RunPlan, resolve
 
 
@@ -27,9 +27,8 @@ from grpoplus.plan import RunPlan, resolve
 class DryRun:
     """Everything a dry run found; :func:`grpoplus.dryrun.report.render` writes it out."""
 
-    config: Config
     config_yaml: str  # what the run would save as RUN/config.yaml
-    plan: RunPlan  # what the run decides from it, as the assembly receives it
+    plan: RunPlan  # what the run decides from it, as the assembly receives it: everything below is read from it
     roles: list[Role]
     policy: ModelSize
     teacher: ModelSize | None  # a local teacher (an endpoint's model is not on this run's devices)
@@ -45,21 +44,22 @@ def dry_run(preset: str | None = None, yaml_path: str | None = None, overrides: 
     run directory whose saved config a resumed run would take, with ``overrides`` on top)."""
     with collecting() as needs:
         cfg = resumed_config(resume, overrides or []) if resume else build_config(preset, yaml_path, overrides)
-    return dry_run_of(cfg, needs)
+    return dry_run_of(resolve(cfg), needs)
 
 
-def dry_run_of(cfg: Config, needs: list[str] | None = None) -> DryRun:
-    """The dry run of a validated config (``needs``: what its checks noted this machine lacks)."""
+def dry_run_of(plan: RunPlan, needs: list[str] | None = None) -> DryRun:
+    """The dry run of a resolved plan (``needs``: what its config's checks noted this machine lacks): a rendering
+    of the plan alone, with the models' sizes read from their headers."""
     from grpoplus.teacher import is_endpoint
 
-    spec = cfg.learner.teacher
+    spec = plan.learner.teacher
     with collecting() as lacks:  # what the models need of this machine (their architecture in its transformers)
-        policy = model_size(cfg.learner.model)
+        policy = model_size(plan.learner.policy.model)
         teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
-    tokens = token_budget(cfg)
-    return DryRun(cfg, yaml.safe_dump(cfg.to_dict(), sort_keys=False), resolve(cfg), roles_of(cfg), policy, teacher,
-                  estimate_memory(cfg, policy, teacher, tokens), tokens,
-                  list(needs or []) + lacks + machine_needs(cfg, policy, teacher), warnings(cfg, policy, teacher))
+    tokens = token_budget(plan)
+    return DryRun(yaml.safe_dump(plan.record(), sort_keys=False), plan, roles_of(plan), policy, teacher,
+                  estimate_memory(plan, policy, teacher, tokens), tokens,
+                  list(needs or []) + lacks + machine_needs(plan, policy, teacher), warnings(plan, policy, teacher))
 
 
 def print_dry_run(preset: str | None, yaml_path: str | None, overrides: list[str], resume: str | None = None) -> int:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from grpoplus.dryrun.memory import gigabytes
-from grpoplus.plan import plan_files
+from grpoplus.plan import RunPlan, plan_files
 
 if TYPE_CHECKING:
     from grpoplus.dryrun import DryRun
-    from grpoplus.dryrun.sizes import ModelSize
+    from grpoplus.models.sizes import ModelSize
 
 HEADER = "grpoplus train --dry-run: the config checked; no weight loaded, no engine, process or Ray started"
 NOT_COUNTED = ("memory per device (estimate: weights, gradients, AdamW state, reference, teacher, engine copies; "
@@ -90,26 +90,26 @@ def _devices(run: DryRun) -> list[str]:
     return lines
 
 
-def _demos(cfg) -> list[str]:
+def _demos(plan: RunPlan) -> list[str]:
     """A supervised stage's tokens per step: its demonstrations, wherever they come from."""
-    s = cfg.sft
+    s = plan.sft
     source = (f"sft.demos={s.demos}" if s.demos else f"sft.demo_model={s.demo_model}'s samples "
               f"({s.demo_samples} per training prompt, {s.demo_filter})" if s.demo_model else
-              f"the {cfg.data.task} task's worked answers")
+              f"the {plan.data.task} task's worked answers")
     limit = f", cut at sft.max_length={s.max_length} tokens" if s.max_length else ""
     return [f"  {s.demos_per_step} demonstrations per optimizer step, from {source}{limit}",
             f"  {s.eval_demos} held out at most (a fifth of them): eval/loss",
-            f"  the run: {cfg.run.max_steps} optimizer steps"]
+            f"  the run: {plan.loop.max_steps} optimizer steps"]
 
 
 def _tokens(run: DryRun) -> list[str]:
-    t, cfg = run.tokens, run.config
-    if cfg.run.stage == "sft":
-        return _demos(cfg)
-    r, algo, lrn = cfg.rollout, cfg.algo, cfg.learner
-    budget = ("the episode budget: rollout.max_episode_tokens" if r.max_episode_tokens else
+    t, plan = run.tokens, run.plan
+    if plan.sft is not None:
+        return _demos(plan)
+    c, algo, update = plan.collection, plan.learner.algo, plan.learner.update
+    budget = ("the episode budget: rollout.max_episode_tokens" if c.max_episode_tokens else
               "the episode budget: rollout.max_turns x max_new_tokens") if t.multi_turn else "rollout.max_new_tokens"
-    lines = [f"  {t.rows} responses per rollout batch ({r.prompts_per_step} prompts x {r.group_size})",
+    lines = [f"  {t.rows} responses per rollout batch ({c.prompts_per_step} prompts x {c.group_size})",
              f"  responses: at most {t.budget} tokens each ({budget}): {t.response_tokens:,} tokens"]
     if t.prompt_mean is None:
         lines.append(f"  prompts: {t.prompt_source}")
@@ -122,10 +122,10 @@ def _tokens(run: DryRun) -> list[str]:
     if t.max_rounds > 1:
         lines.append(f"  dynamic sampling: up to {t.max_rounds} rounds per step (refills draw only the groups "
                      "still missing)")
-    micro = (f"micro-batches by a budget of {lrn.micro_batch_tokens} tokens" if lrn.micro_batch_tokens else
-             f"{t.micro_batches} micro-batch(es) of learner.micro_batch_size={lrn.micro_batch_size}")
+    micro = (f"micro-batches by a budget of {update.micro_batch_tokens} tokens" if update.micro_batch_tokens else
+             f"{t.micro_batches} micro-batch(es) of learner.micro_batch_size={update.micro_batch_size}")
     lines.append(f"  optimizer steps per rollout batch: {t.updates_per_batch} ({algo.num_iterations} iteration(s) x "
                  f"{algo.num_minibatches} mini-batch(es) of {t.minibatch_rows} responses, each {micro})")
-    lines.append(f"  the run: {cfg.run.max_steps} rollout batches, {cfg.run.max_steps * t.updates_per_batch} "
+    lines.append(f"  the run: {plan.loop.max_steps} rollout batches, {plan.loop.max_steps * t.updates_per_batch} "
                  "optimizer steps")
     return lines

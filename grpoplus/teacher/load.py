@@ -36,13 +36,14 @@ def load_teacher(spec: str, device: str | torch.device, precision: str = "fp32",
 def load_model(spec: str, device: str | torch.device, task: str | None, difficulty: int | None):
     """``(model, tokenizer)`` of a second model that is not trained (a teacher, a demonstration writer): a built-in
     tiny model (``tiny-teacher``, ...) warm-started on the run's ``task``, else as ``--model`` loads one."""
+    from grpoplus.models.footprint import Footprint
     from grpoplus.models.load import is_builtin, load_policy
 
     if is_builtin(spec):
         from grpoplus.sft.warmstart import load_builtin
 
         return load_builtin(spec, task, difficulty, device=device)
-    return load_policy(spec, device=device, trains=False)
+    return load_policy(spec, device=device, footprint=Footprint(trains=False))
 
 
 def check_vocabulary(spec: str | None, tokenizer) -> None:

@@ -13,8 +13,9 @@ import yaml
 
 from grpoplus.config import build_config
 from grpoplus.dryrun import dry_run
-from grpoplus.dryrun.sizes import KNOWN
 from grpoplus.entry.cli import main
+from grpoplus.models.footprint import MARGIN, need_bytes
+from grpoplus.models.sizes import KNOWN
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 QWEN7B = 7_615_616_512  # Qwen2.5-7B-Instruct (test_known_architectures_are_the_published_models checks it)
@@ -215,10 +216,32 @@ def test_a_bad_key_or_value_still_fails(capsys):
 
 def test_the_dry_run_shows_the_config_a_run_saves_and_plans_a_resume(tmp_path):
     run = dry_run(overrides=["max_steps=7", "eps_high=0.3"])
-    run.config.save(tmp_path / "config.yaml")
+    build_config(overrides=["max_steps=7", "eps_high=0.3"]).save(tmp_path / "config.yaml")
     assert run.config_yaml == (tmp_path / "config.yaml").read_text()
     resumed = dry_run(resume=str(tmp_path), overrides=["max_steps=9"])
-    assert resumed.config.run.max_steps == 9 and resumed.config.algo.eps_high == 0.3
+    assert resumed.plan.loop.max_steps == 9 and resumed.plan.learner.algo.eps_high == 0.3
+
+
+@pytest.mark.parametrize("overrides", [[], ["lora_rank=8"], ["learner.freeze=[embed_tokens,layers.0]"],
+                                       ["data_parallel=2", "strategy=fsdp2"], ["rollout.engine=vllm"],
+                                       ["max_staleness=1", "quantization=int8"]])
+def test_the_load_check_asks_for_what_the_dry_run_counts(overrides):
+    """One memory model: the loader's check asks for the dry run's rank 0 device (no reference: beta 0) x MARGIN."""
+    run = dry_run(overrides=["learner.model=/models/SmolLM2-135M-Instruct", "beta=0", *overrides])
+    footprint = run.plan.learner.policy.footprint
+    assert need_bytes(footprint, run.policy) == int(run.devices[0].total * MARGIN)
+    checks = [note for note in run.notes if note.startswith("load check")]
+    assert f"about {need_bytes(footprint, run.policy) / 1e9:.1f} GB" in checks[0]
+
+
+def test_frozen_parameters_hold_no_gradient_and_no_adamw_state():
+    plain = dry_run(overrides=["learner.model=/models/SmolLM2-135M-Instruct"])
+    frozen = dry_run(overrides=["learner.model=/models/SmolLM2-135M-Instruct", "learner.freeze=[embed_tokens]"])
+    items = {item.what.split(",")[0]: item.bytes for item in frozen.devices[0].items}
+    trained = SMOL - 49152 * 576  # the tied embedding is frozen
+    assert (items["gradients"], items["AdamW moments (2)"]) == (trained * 4, trained * 8)
+    assert plain.devices[0].total - frozen.devices[0].total == 49152 * 576 * 12
+    assert "['embed_tokens'] kept frozen" in {role.name: role.where for role in frozen.roles}["learner"]
 
 
 def test_tokens_per_step_follow_the_response_budget():

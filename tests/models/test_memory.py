@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import LlamaConfig
 
 from grpoplus.assemble.factories import build_task_and_model
 from grpoplus.config import build_config
 from grpoplus.models import memory
+from grpoplus.models.footprint import MARGIN, Footprint, need_bytes
 from grpoplus.models.load import load_policy
+from grpoplus.models.sizes import ModelSize
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.plan import resolve
@@ -54,11 +55,15 @@ def test_gguf_parameter_count_reads_the_header(tmp_path):
         memory.gguf_parameter_count(tmp_path / "bad.gguf")
 
 
-def test_training_bytes_counts_weights_sampler_grads_and_adam():
-    # 1M fp32 parameters: full fine-tuning holds weights + the sampler's copy + grads + 2 Adam moments
-    # = 5 copies x 4 bytes = 20 MB, x 1.25 margin = 25 MB; LoRA holds weights + the merged copy = 10 MB.
-    assert memory.training_bytes(1_000_000, torch.float32, lora=False) == 25_000_000
-    assert memory.training_bytes(1_000_000, torch.float32, lora=True) == 10_000_000
+def test_the_load_check_counts_weights_grads_adam_and_the_samplers_copy():
+    # 1M fp32 parameters of an unknown architecture: full fine-tuning holds weights + grads + 2 Adam moments
+    # = 16 bytes each, x 1.25 margin = 20 MB; LoRA the base weights alone (adapters unknown) = 5 MB; the hf engine
+    # sampling in the same process on a CPU adds oneDNN's reordered copy of the (here: all) weights, 4 bytes each
+    size = ModelSize("m", 1_000_000, "a test")
+    assert need_bytes(Footprint(), size) == 20_000_000
+    assert need_bytes(Footprint(lora_rank=8), size) == 5_000_000
+    assert need_bytes(Footprint(engine="hf"), size) == 25_000_000
+    assert need_bytes(Footprint(engine="hf", on_gpus=True), size) == 20_000_000  # no reordering on a GPU
 
 
 def test_a_model_too_large_for_the_memory_is_refused_before_loading(writable_nano_dir):
@@ -68,8 +73,8 @@ def test_a_model_too_large_for_the_memory_is_refused_before_loading(writable_nan
     (writable_nano_dir / "config.json").write_text(big.to_json_string())
     with pytest.raises(ValueError, match=r"6\d\.\d\dB parameters: full fine-tuning .* GB is available .*lora_rank"):
         load_policy(str(writable_nano_dir))
-    with pytest.raises(ValueError, match=r"LoRA in float32 needs about"):
-        load_policy(str(writable_nano_dir), lora=True)
+    with pytest.raises(ValueError, match=r"LoRA needs about .*\(base weights, LoRA adapters;"):
+        load_policy(str(writable_nano_dir), footprint=Footprint(lora_rank=16))
 
 
 def test_dirs_that_are_not_models_are_named(writable_nano_dir):
@@ -132,8 +137,9 @@ def test_freed_tensors_go_back_to_the_system_when_given_back(mode):
 
 
 def test_sharded_training_state_counts_its_share_per_rank():
-    whole = memory.training_bytes(1_000_000, torch.float32, lora=False)
-    eight = memory.training_bytes(1_000_000, torch.float32, lora=False, shards=8)
-    # the whole model as loaded (rank 0's plain copy) + a shard of weights, gradients and AdamW's two moments
-    assert eight == int(1_000_000 * 4 * (1 + 4 / 8) * memory.MARGIN) < whole
-    assert memory.training_bytes(1_000_000, torch.float32, lora=False, trains=False) == int(4_000_000 * memory.MARGIN)
+    size = ModelSize("m", 1_000_000, "a test")
+    whole, eight = need_bytes(Footprint(), size), need_bytes(Footprint(shards=8, whole_copy=True), size)
+    # rank 0's whole copy (what the engines and checkpoints read) + a shard of weights, gradients and AdamW's moments
+    assert eight == int(1_000_000 * 4 * (1 + 4 / 8) * MARGIN) < whole
+    assert need_bytes(Footprint(shards=8), size) == int(1_000_000 * 4 * 4 / 8 * MARGIN)  # ranks 1-7
+    assert need_bytes(Footprint(trains=False), size) == int(4_000_000 * MARGIN)

@@ -80,7 +80,7 @@ def test_placement_is_the_placement_predicates_evaluated_once():
     assert p.whole_copy_in_host_memory == where.whole_copy_in_host_memory(cfg)
     assert p.driver_copy_in_host_memory == where.driver_copy_in_host_memory(cfg)
     assert p.process_device == where.process_device(cfg) == "cpu"
-    assert resolve(cfg).learner.policy.shards == 2
+    assert resolve(cfg).learner.policy.footprint.shards == 2
 
 
 def test_the_memory_policy_follows_run_release_memory():

@@ -1,4 +1,5 @@
-"""Model sizes for a dry run: the parameter count and the shapes memory depends on, without reading a weight.
+"""Model sizes: the parameter count and the shapes memory depends on, without reading a weight (what the dry run
+itemizes and the loader's memory check sums: :mod:`grpoplus.models.footprint`).
 
 A dry run is often made on another machine than the run (a laptop checking a GPU recipe), where the
 model is not on disk. The count therefore comes, in order, from the model on disk (its config.json
@@ -80,6 +81,28 @@ class Arch:
         """Weight parameters of the adapted layers (the hf engine's merged copy holds these)."""
         names, shapes = self.adapted(targets), self.linears()
         return None if names is None else self.layers * sum(shapes[n][0] * shapes[n][1] for n in names)
+
+    def named_parameters(self) -> dict[str, int]:
+        """Each parameter's full name (as transformers' Llama-style model names it) and its element count: what
+        ``learner.freeze``'s patterns are matched against."""
+        h, names = self.hidden, {"model.embed_tokens.weight": self.vocab * self.hidden, "model.norm.weight": self.hidden}
+        for layer in range(self.layers):
+            prefix = f"model.layers.{layer}"
+            for name, (a, b) in self.linears().items():
+                block = "self_attn" if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+                names[f"{prefix}.{block}.{name}.weight"] = a * b
+                if self.qkv_bias and name in ("q_proj", "k_proj", "v_proj"):
+                    names[f"{prefix}.{block}.{name}.bias"] = b
+            names[f"{prefix}.input_layernorm.weight"] = names[f"{prefix}.post_attention_layernorm.weight"] = h
+        if not self.tied:
+            names["lm_head.weight"] = self.vocab * self.hidden
+        return names
+
+    def frozen_parameters(self, patterns: tuple[str, ...] | list[str]) -> int:
+        """Parameters ``learner.freeze``'s patterns keep frozen (:func:`grpoplus.models.freeze.matches`)."""
+        from grpoplus.models.freeze import matches
+
+        return sum(n for name, n in self.named_parameters().items() if any(matches(name, p) for p in patterns))
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of KV cache one token takes: a key and a value per layer and KV head."""
