@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from grpoplus.config import Config, env_of, response_budget
 from grpoplus.data.lengths import prompt_tokens
-from grpoplus.plan.data import build_data, fit_prompt_lengths
+from grpoplus.plan.data import data_plan
 
 PROMPT_SAMPLE = 256
 """Training prompts tokenized to estimate the prompt length (the first ones of the training split)."""
@@ -61,11 +61,13 @@ def token_budget(cfg: Config) -> Tokens:
 def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str, str | None]:
     """(mean, max, how, fit): the token lengths of the first training prompts, as the engine is handed them, and what
     the run will do with the prompts past the model's context (:func:`prompt_fit`)."""
+    from grpoplus.assemble.data import build_data
+
     tokenizer, why = _tokenizer(cfg.learner.model)
     if tokenizer is None:
         return None, None, why, None
     try:
-        _, train, test = build_data(cfg, tokenizer)
+        _, train, test = build_data(data_plan(cfg), tokenizer, cfg.run.seed)
     except (ValueError, ImportError, OSError, KeyError) as err:
         return None, None, f"unknown (the training prompts could not be read here: {str(err).splitlines()[0]})", None
     prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
@@ -78,10 +80,12 @@ def prompt_lengths(cfg: Config) -> tuple[float | None, int | None, str, str | No
 
 
 def prompt_fit(cfg: Config, tokenizer, train: list, test: list) -> str | None:
-    """The run's own rule (:func:`grpoplus.plan.data.fit_prompt_lengths`) on every prompt: its refusal, or how many
+    """The run's own rule (:func:`grpoplus.assemble.data.fit_prompt_lengths`) on every prompt: its refusal, or how many
     prompts it drops or cuts; None when all fit (or the model's context is not known here and no limit is set)."""
+    from grpoplus.assemble.data import fit_prompt_lengths
+
     try:
-        fit = fit_prompt_lengths(cfg, tokenizer, model_context_here(cfg.learner.model), train, test)
+        fit = fit_prompt_lengths(data_plan(cfg), tokenizer, model_context_here(cfg.learner.model), train, test)
     except ValueError as err:
         return f"the run would stop: {err}"
     if fit.dropped or fit.truncated:
