@@ -123,12 +123,16 @@ def test_the_shared_core_imports_no_other_package_nor_torch():
     assert reached == [] and heavy == []
 
 
+DRY_RUN_FACTORIES = {"grpoplus.assemble.data"}
+"""The one part of the assembly the dry run uses: the data factory (it loads no weight), so that the prompts it
+measures are the run's own, fitted to the model's context by the run's own rule."""
+
+
 def test_the_dry_run_never_imports_the_assembly():
-    # it describes the run from the same plan the assembly builds from (grpoplus.plan), never from the assembly itself;
-    # only the data factory, which reads the training prompts as the run reads them (no model), is shared
+    # it describes the run from the same plan the assembly builds from (grpoplus.plan), never from the assembly itself
     reached = sorted({f"{module_name(p)} -> {t}" for p in (ROOT / "dryrun").rglob("*.py")
                       for t, _, _ in imports(p, top_level_only=False)
-                      if unit(t) == "assemble" and t != "grpoplus.assemble.data"})
+                      if unit(t) == "assemble" and t not in DRY_RUN_FACTORIES})
     assert reached == []
 
 
@@ -142,6 +146,44 @@ def test_the_dry_run_reads_the_plan_alone():
                    for n, line in enumerate(p.read_text().splitlines(), 1)
                    for m in re.finditer(r"\bConfig\b|\bcfg\.|\bplan\.config\b|\.startswith\(\"cuda", line))
     assert taken == [] and reads == []
+
+
+def plan_config_reads(source: str) -> list[int]:
+    """The lines of ``source`` that read a plan's config: ``plan.config``, ``self.plan.config``, ``getattr(plan,
+    "config")`` (any name ending in ``plan``)."""
+    def a_plan(node) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name.lower().endswith("plan")
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "config" and a_plan(node.value):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) > 1
+              and a_plan(node.args[0]) and getattr(node.args[1], "value", None) == "config"):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_nothing_past_the_plan_reads_the_config_it_carries():
+    # RunPlan.config is kept to be recorded with the run (RunPlan.record); every part of the run, the task and its
+    # data included, is built from its own part of the plan
+    reads = sorted(f"{name}:{line}" for name, path in MODULES.items() if unit(name) != "plan"
+                   for line in plan_config_reads(path.read_text()))
+    assert reads == []
+    assert plan_config_reads("cfg = plan.config\nx = self.plan.config.data\ny = getattr(run_plan, 'config')\n"
+                             "model.config\ngetattr(model, 'config', None)\n") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("module", ["grpoplus.assemble.factories", "grpoplus.assemble.data"])
+def test_the_factories_read_no_config(module):
+    # the task and its data are made from plan.data (grpoplus.plan.data.DataPlan), every other component from its
+    # part of the plan: no factory takes a Config nor reads an attribute named config (a model's is read by getattr)
+    path = MODULES[module]
+    attributes = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)
+                  and n.attr == "config"]
+    configs = [f"{m}.{name}" for m, name, _ in imports(path, top_level_only=False) if m.startswith("grpoplus.config")]
+    assert attributes == [] and configs == []
 
 
 def test_past_the_edge_nothing_builds_a_config():

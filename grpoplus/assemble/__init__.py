@@ -1,6 +1,8 @@
 """Plan -> components: the one place that turns a run's plan (:func:`grpoplus.plan.resolve`) into objects.
 
 - :mod:`~grpoplus.assemble.factories`: leaf factories (policy, data, rewards, engine, optimizer, collection);
+- :mod:`~grpoplus.assemble.data`: the examples a run trains and is evaluated on, from the plan's data part (the
+  dry run measures their prompts with it too);
 - :mod:`~grpoplus.assemble.learner`: a learner rank's parts and plan, for rank 0 and the other ranks'
   processes alike (handed to the roles as :data:`~grpoplus.assemble.learner.RANK_BUILDERS`, so no role
   imports this package);

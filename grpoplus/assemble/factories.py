@@ -1,8 +1,8 @@
 """Leaf factories: each turns its part of a run's plan (:mod:`grpoplus.plan.run`) into one component (policy, data,
 rewards, engine, optimizer, collection), for any launch and any process of a run, the roles' own processes
 included. The role-side ones (process, policy, optimizer, engine, rollout worker) take a role's plan, the driver-side
-ones (rewards, collection) their part of the run's plan; the task and its data still read the user's settings the
-plan carries (``RunPlan.config``)."""
+ones (rewards, collection, the task and its data: :mod:`grpoplus.assemble.data`) their part of the run's plan; none
+reads the user's settings (``RunPlan.config``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpoplus.assemble.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
 from grpoplus.collect import CollectPlan, collect
 from grpoplus.containers import SamplingParams
 from grpoplus.data.lengths import model_context
@@ -23,7 +24,6 @@ from grpoplus.learner.precision import COMPUTE_DTYPES, set_tf32
 from grpoplus.models.attention import use_cpu_gqa
 from grpoplus.models.cpu_matmul import use_cpu_matmul
 from grpoplus.models.qlora import FourBit, parameter_count
-from grpoplus.plan.data import build_data, builtin_tasks, data_rows, fit_prompt_lengths
 from grpoplus.plan.driver import CollectionPlan, RewardsPlan
 from grpoplus.plan.run import EnginePlan, LoraPlan, OptimizerPlan, PolicyPlan, ProcessPlan, RolloutRolePlan, RunPlan
 
@@ -123,20 +123,19 @@ def build_task_and_model(plan: RunPlan):
     with data.long_prompts=refuse: nothing was changed)."""
     from grpoplus.models.load import is_builtin
 
-    cfg, where = plan.config, plan.placement
-    d, name = cfg.data, cfg.learner.model
-    tasks, rows = builtin_tasks(cfg), data_rows(cfg)  # a data set's rows are checked before the model loads
+    data, seed, where = plan.data, plan.seed, plan.placement
+    tasks, rows = builtin_tasks(data, seed), data_rows(data)  # a data set's rows are checked before the model loads
     # refused before the tiny model's warm start
-    if tasks and getattr(tasks[0], "chat", False) and d.chat_template and is_builtin(name):
-        raise ValueError(f"task {d.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
+    if tasks and getattr(tasks[0], "chat", False) and data.chat_template and is_builtin(data.model):
+        raise ValueError(f"task {data.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
                          "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
     host = where.driver_copy_in_host_memory
-    model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device, plan.learner.process.seed,
+    model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device, seed,
                                     trains=not (host and where.on_gpus))
-    task, train, test = build_data(cfg, tokenizer, tasks, rows)
-    fit = fit_prompt_lengths(cfg, tokenizer, model_context(getattr(model, "config", None)), train, test)
-    return task, fit.train, fit.test, model, tokenizer, fit.metrics() if d.long_prompts != "refuse" else {}
+    task, train, test = build_data(data, tokenizer, seed, tasks, rows)
+    fit = fit_prompt_lengths(data, tokenizer, model_context(getattr(model, "config", None)), train, test)
+    return task, fit.train, fit.test, model, tokenizer, fit.metrics() if data.long_prompts != "refuse" else {}
 
 
 def build_lora(lora: LoraPlan, model):

@@ -1,82 +1,53 @@
-"""The examples a run trains and is evaluated on, read once from the config: a built-in task's splits (training
-problems from ``run.seed``, held-out ones from ``data.eval_seed``) or a data set's; the assembly hands them to the
-roles and the dry run measures their prompts. No weight is loaded to make them."""
+"""The examples a run trains and is evaluated on, as the config decides them (:class:`DataPlan`): a built-in task and
+its knobs or a data set's files and fields, the held-out set's seed and size, the chat template, the prompt limit.
+The data factory (:mod:`grpoplus.assemble.data`) makes the examples from it; it imports no torch and reads no file."""
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from grpoplus.config import Config, env_of
-from grpoplus.data.lengths import PromptFit, fit_prompts, prompt_limit
-
-if TYPE_CHECKING:
-    from grpoplus.tasks.dataset import DataRows
 
 
-def builtin_tasks(cfg: Config) -> tuple | None:
-    """(task, held_out) of a built-in task: its training problems from ``run.seed``, its held-out ones
-    from ``data.eval_seed``; None for a data set."""
-    from grpoplus.tasks import get_task
+@dataclass(frozen=True, kw_only=True)
+class DataPlan:
+    """The data section's settings the examples are made from, named as the keys are (``data.*``), so the data set
+    readers (:func:`grpoplus.tasks.dataset.read_rows`, :func:`~grpoplus.tasks.dataset.dataset_task`) take it as
+    they take the section. The training problems' seed is the run's (``RunPlan.seed``), not recorded here."""
 
+    task: str  # a built-in task, or with ``data`` the name shown in logs
+    task_kwargs: tuple[tuple[str, object], ...]  # the built-in task factory's extra keyword arguments, as items
+    difficulty: int | None  # None: the built-in task's default
+    data: str | None  # a data set's file or directory; None: the built-in task
+    eval_data: str | None  # the data set's held-out file (None: a split of ``data``)
+    eval_size: int  # at most this many rows held out of a split data set
+    eval_seed: int  # the held-out problems: the built-in task's test split, or the rows a data set holds out
+    prompt_field: str
+    answer_field: str
+    answer_format: str  # raw | gsm8k | math | auto
+    on_bad_row: str  # skip | error
+    chat_template: bool  # chat prompts through the tokenizer's chat template (single-turn only)
+    env: str | None  # the environment a multi-turn run's rows are played in (None: single-turn)
+    max_prompt_tokens: int | None  # None: the model's context minus ``max_new_tokens``
+    long_prompts: str  # refuse | truncate_left | drop
+    max_new_tokens: int  # rollout.max_new_tokens: the room a prompt leaves for its response
+    model: str | None  # learner.model: the built-in tiny model's check, the chat template's error message
+
+    @property
+    def builtin(self) -> bool:
+        """A built-in task's problems (no data set)."""
+        return self.data is None
+
+    @property
+    def multi_turn(self) -> bool:
+        """The rows are played in an environment, whose episodes render the opening messages themselves."""
+        return self.env is not None
+
+
+def data_plan(cfg: Config) -> DataPlan:
     d = cfg.data
-    if d.data is not None:
-        return None
-    kwargs = dict(d.task_kwargs, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
-    task = get_task(d.task, seed=cfg.run.seed, **kwargs)
-    return task, (task if d.eval_seed == cfg.run.seed else get_task(d.task, seed=d.eval_seed, **kwargs))
-
-
-def data_rows(cfg: Config) -> DataRows | None:
-    """The records of a data set (``data.data``), its rows checked, read before any model loads (a bad row is
-    refused or skipped before minutes of loading); None for a built-in task."""
-    from grpoplus.tasks.dataset import read_rows
-
-    return read_rows(cfg.data) if cfg.data.data is not None else None
-
-
-def build_data(cfg: Config, tokenizer, tasks: tuple | None = None,
-               rows: DataRows | None = None) -> tuple[object, list, list]:
-    """(task, train, test): the held-out problems come from ``data.eval_seed``, the training ones from
-    ``run.seed``, and no training prompt is a held-out one (splits of different seeds may share problems).
-    A task of chat prompts goes through the tokenizer's chat template (``data.chat_template``), except in a multi-turn
-    run: its episodes render the opening messages themselves (:mod:`grpoplus.envs.render`). ``rows``: a data set's
-    records as :func:`data_rows` read them (read here when not given)."""
-    from grpoplus.tasks import without_prompts
-    from grpoplus.tasks.dataset import dataset_task
-    from grpoplus.tasks.synthetic import with_chat_template
-
-    d = cfg.data
-    tasks = tasks or builtin_tasks(cfg)
-    chat = d.chat_template and env_of(d) is None
-    if tasks is None:  # the held-out rows of a split data set are chosen by eval_seed
-        task = dataset_task(d, tokenizer if chat else None, seed=d.eval_seed, rows=rows)
-        held_out = task
-    elif getattr(tasks[0], "chat", False) and chat:
-        task, held_out = (with_chat_template(t, tokenizer, cfg.learner.model) for t in tasks)
-    else:
-        task, held_out = tasks
-    test = list(held_out.split("test"))
-    train = task.split("train")
-    kept = without_prompts(train, test)
-    if train and not kept:
-        raise ValueError(f"every one of the {len(train)} training rows shares its problem with a held-out row (the "
-                         "held-out guard drops a training row whose prompt, or problem_id, a held-out row has): give "
-                         "each row a problem_id field (rows that share one prompt, as when an environment draws its own "
-                         "task) or held-out rows of their own (data.eval_data)")
-    return task, kept, test
-
-
-def fit_prompt_lengths(cfg: Config, tokenizer, context: int | None, train: list, test: list) -> PromptFit:
-    """The training and held-out examples whose prompts fit ``data.max_prompt_tokens`` (by default ``context``, the
-    model's positions, minus ``rollout.max_new_tokens``), per ``data.long_prompts`` (:mod:`grpoplus.data.lengths`):
-    each prompt measured once, as the engine encodes it. A multi-turn run's are left as they are: its episodes render
-    the opening messages themselves and fit each turn's response to the room left (:mod:`grpoplus.envs.episodes`)."""
-    if env_of(cfg.data) is not None:
-        return PromptFit(list(train), list(test))
-    limit = prompt_limit(context, cfg.rollout.max_new_tokens, cfg.data.max_prompt_tokens)
-    fit = fit_prompts(train, test, tokenizer, limit, cfg.data.long_prompts)
-    note = fit.note(limit) if limit is not None else None
-    if note:
-        print(note, file=sys.stderr)
-    return fit
+    return DataPlan(task=d.task, task_kwargs=tuple(dict(d.task_kwargs).items()), difficulty=d.difficulty, data=d.data,
+                    eval_data=d.eval_data, eval_size=d.eval_size, eval_seed=d.eval_seed, prompt_field=d.prompt_field,
+                    answer_field=d.answer_field, answer_format=d.answer_format, on_bad_row=d.on_bad_row,
+                    chat_template=d.chat_template, env=env_of(d), max_prompt_tokens=d.max_prompt_tokens,
+                    long_prompts=d.long_prompts, max_new_tokens=cfg.rollout.max_new_tokens, model=cfg.learner.model)

@@ -1,7 +1,7 @@
 """A run's plan as files: each part of :class:`~grpoplus.plan.run.RunPlan` (where the roles run, what a learner
-rank and a rollout worker are told, the loop, collection, rewards, ...) as one YAML file under ``RUN/plan/``.
-The run writes them at its start; ``grpoplus train --dry-run`` prints the same text first, so what a dry run shows
-is what the run's roles receive."""
+rank and a rollout worker are told, the examples, the loop, collection, rewards, ...) as one YAML file under
+``RUN/plan/``. The run writes them at its start; ``grpoplus train --dry-run`` prints the same text first, so what a
+dry run shows is what the run's roles receive."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from grpoplus.config import Config
 from grpoplus.models.footprint import Footprint
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
+from grpoplus.plan.data import DataPlan, data_plan
 from grpoplus.plan.driver import (
     ClusterPlan,
     CollectionPlan,
@@ -176,8 +177,8 @@ class EvalPlan:
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
-    own part; the dry run renders it. ``config``: the user's validated settings (what the assembly still reads for
-    the task and its data; every other part, the driver's loop included, runs from its own plan)."""
+    own part; the dry run renders it. ``config``: the user's validated settings, kept only to be recorded with the
+    run (:meth:`record`); every part, the task and its data included, runs from its own plan."""
 
     config: Config
     placement: Placement
@@ -185,6 +186,7 @@ class RunPlan:
     rollout: RolloutRolePlan
     lora: LoraPlan
     eval: EvalPlan
+    data: DataPlan
     loop: LoopPlan
     collection: CollectionPlan
     rewards: RewardsPlan
@@ -219,8 +221,9 @@ def _plain(value):
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
     return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
-                   lora=lora_plan(cfg), eval=eval_plan(cfg), loop=loop_plan(cfg), collection=collection_plan(cfg),
-                   rewards=rewards_plan(cfg), cluster=cluster_plan(cfg), sft=sft_plan(cfg))
+                   lora=lora_plan(cfg), eval=eval_plan(cfg), data=data_plan(cfg), loop=loop_plan(cfg),
+                   collection=collection_plan(cfg), rewards=rewards_plan(cfg), cluster=cluster_plan(cfg),
+                   sft=sft_plan(cfg))
 
 
 def placement(cfg: Config) -> Placement:

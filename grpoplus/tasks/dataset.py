@@ -60,7 +60,8 @@ class DataRows:
 
 
 def read_rows(d) -> DataRows:
-    """The records of ``d.data`` and ``d.eval_data`` (a :class:`grpoplus.config.DataConfig`)."""
+    """The records of ``d.data`` and ``d.eval_data``: ``d`` is a run's data plan (:class:`grpoplus.plan.data.DataPlan`)
+    or a data section (:class:`grpoplus.config.DataConfig`), whose keys it names alike."""
     train, calls = _records(d.data, d)
     held_out = _records(d.eval_data, d)[0] if d.eval_data else None
     return DataRows(train, held_out, calls)
@@ -94,8 +95,8 @@ def _example(record: dict, tokenizer, path: str) -> Example:
 
 
 def dataset_task(d, tokenizer, seed: int, rows: DataRows | None = None) -> DatasetTask:
-    """Build from a :class:`grpoplus.config.DataConfig` (``data``, fields, ``eval_data``) and its ``rows`` (read
-    now when not given)."""
+    """Build from a data plan or section as :func:`read_rows` takes it (``data``, fields, ``eval_data``,
+    ``eval_size``) and its ``rows`` (read now when not given)."""
     rows = rows or read_rows(d)
     verifier = function_call_verifier if rows.function_calls else math_verifier
     train = [_example(r, tokenizer, d.data) for r in rows.train]

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from grpoplus.assemble.data import build_data
 from grpoplus.config import build_config
 from grpoplus.plan import resolve
-from grpoplus.plan.data import build_data
 from grpoplus.tasks import get_task
 
 
@@ -16,10 +16,16 @@ def _prompts(examples) -> set[str]:
     return {ex.prompt for ex in examples}
 
 
+def _build(*overrides):
+    """(task, train, test) of the dapo preset's run with ``overrides``, made from its plan's data part."""
+    plan = resolve(build_config("dapo", overrides=list(overrides)))
+    return build_data(plan.data, None, plan.seed)
+
+
 def test_eval_set_is_fixed_across_run_seeds_and_never_trained_on():
     fixed = _prompts(get_task("arithmetic", seed=0).split("test"))
     for seed in (1, 2):
-        _, train, test = build_data(build_config("dapo", overrides=[f"seed={seed}"]), tokenizer=None)
+        _, train, test = _build(f"seed={seed}")
         assert _prompts(test) == fixed  # data.eval_seed=0 for every run.seed
         own_train = get_task("arithmetic", seed=seed).split("train")
         assert _prompts(own_train) & fixed  # the seed's own training split holds held-out problems...
@@ -29,19 +35,18 @@ def test_eval_set_is_fixed_across_run_seeds_and_never_trained_on():
 
 def test_seed_0_keeps_its_splits_as_they_were():
     task = get_task("arithmetic", seed=0)
-    _, train, test = build_data(build_config("dapo"), tokenizer=None)
+    _, train, test = _build()
     assert train == list(task.split("train")) and test == list(task.split("test"))
 
 
 def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) for i in range(40)) + "\n")
-    splits = [build_data(build_config("dapo", overrides=[f"data={data}", f"seed={seed}", "chat_template=false"]), None)
-              for seed in (0, 5)]
+    splits = [_build(f"data={data}", f"seed={seed}", "chat_template=false") for seed in (0, 5)]
     assert _prompts(splits[0][2]) == _prompts(splits[1][2])
     for _, train, test in splits:
         assert not _prompts(train) & _prompts(test) and len(train) + len(test) == 40
-    moved = build_data(build_config("dapo", overrides=[f"data={data}", "eval_seed=1", "chat_template=false"]), None)
+    moved = _build(f"data={data}", "eval_seed=1", "chat_template=false")
     assert _prompts(moved[2]) != _prompts(splits[0][2])
 
 
@@ -67,11 +72,11 @@ def test_rows_that_all_share_one_prompt_need_a_problem_id_or_held_out_rows_of_th
     # the idiom of an environment that draws its own task: every row says only "play"
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": "play", "answer": str(i)}) + "\n" for i in range(20)))
-    cfg = build_config("dapo", overrides=[f"data={data}", "chat_template=false"])
+    overrides = (f"data={data}", "chat_template=false")
     with pytest.raises(ValueError, match=r"^every one of the \d+ training rows shares its problem with a held-out row "
                                          r".*give each row a problem_id field .* \(data.eval_data\)$"):
-        build_data(cfg, None)
+        _build(*overrides)
     data.write_text("".join(json.dumps({"prompt": "play", "answer": str(i), "problem_id": f"game-{i}"}) + "\n"
                             for i in range(20)))
-    _, train, test = build_data(cfg, None)
+    _, train, test = _build(*overrides)
     assert train and test and not {e.fields["problem_id"] for e in train} & {e.fields["problem_id"] for e in test}

@@ -6,12 +6,13 @@ import json
 
 import pytest
 
+from grpoplus.assemble.data import fit_prompt_lengths
 from grpoplus.config import build_config
 from grpoplus.data.lengths import prompt_limit
 from grpoplus.entry.cli import main
 from grpoplus.metrics import read_metrics
 from grpoplus.models.tiny import tiny_model
-from grpoplus.plan.data import fit_prompt_lengths
+from grpoplus.plan.data import data_plan
 from grpoplus.tasks.base import Example
 
 SMALL = ["prompts_per_step=2", "group_size=2", "max_new_tokens=10", "eval_size=2", "eval_samples=0",
@@ -75,24 +76,24 @@ def _examples(lengths):
 def test_the_default_limit_is_the_context_minus_max_new_tokens(tok):
     config = tiny_model(tok, size="nano", seed=0).config
     assert config.max_position_embeddings == CONTEXT
-    cfg = build_config(overrides=["max_new_tokens=56"])
+    data = data_plan(build_config(overrides=["max_new_tokens=56"]))
     assert prompt_limit(CONTEXT, 56, None).tokens == 200
-    fit = fit_prompt_lengths(cfg, tok, config.max_position_embeddings, _examples([200, 5]), _examples([200]))
+    fit = fit_prompt_lengths(data, tok, config.max_position_embeddings, _examples([200, 5]), _examples([200]))
     assert (len(fit.train), len(fit.test), fit.dropped, fit.truncated) == (2, 1, 0, 0)
     with pytest.raises(ValueError, match=r"^1 of 3 prompts are longer than 200 tokens .*row 0, has 201"):
-        fit_prompt_lengths(cfg, tok, CONTEXT, _examples([201, 5]), _examples([200]))
+        fit_prompt_lengths(data, tok, CONTEXT, _examples([201, 5]), _examples([200]))
 
 
 def test_a_cut_prompt_re_encodes_within_the_limit(tok):
-    cfg = build_config(overrides=["max_new_tokens=56", "long_prompts=truncate_left"])
-    fit = fit_prompt_lengths(cfg, tok, CONTEXT, [Example("a" * 150 + "b" * 150, "1")], [])
+    data = data_plan(build_config(overrides=["max_new_tokens=56", "long_prompts=truncate_left"]))
+    fit = fit_prompt_lengths(data, tok, CONTEXT, [Example("a" * 150 + "b" * 150, "1")], [])
     assert fit.truncated == 1 and fit.train[0].prompt == "a" * 49 + "b" * 150  # 199 characters + <bos> = 200 tokens
     assert len(tok(fit.train[0].prompt)["input_ids"]) == 200
 
 
 def test_a_multi_turn_run_is_not_measured_here(tok):
-    cfg = build_config(overrides=["max_new_tokens=56", "tools=[calculator]"])
-    fit = fit_prompt_lengths(cfg, tok, CONTEXT, _examples([400]), [])
+    data = data_plan(build_config(overrides=["max_new_tokens=56", "tools=[calculator]"]))
+    fit = fit_prompt_lengths(data, tok, CONTEXT, _examples([400]), [])
     assert len(fit.train) == 1 and fit.truncated == fit.dropped == 0
 
 

@@ -39,8 +39,8 @@ def test_train_writes_the_run_directory(nano_dir, tmp_path, capsys):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
     # the plan its roles received, as files; the dry run of the same command prints exactly these, first
     files = {p.name: p.read_text() for p in sorted((out / "plan").iterdir())}
-    assert sorted(files) == ["collection.yaml", "eval.yaml", "learner.yaml", "loop.yaml", "lora.yaml", "placement.yaml",
-                             "rewards.yaml", "rollout.yaml"]  # no cluster.yaml: a local run
+    assert sorted(files) == ["collection.yaml", "data.yaml", "eval.yaml", "learner.yaml", "loop.yaml", "lora.yaml",
+                             "placement.yaml", "rewards.yaml", "rollout.yaml"]  # no cluster.yaml: a local run
     capsys.readouterr()
     assert _train("--dry-run", "--model", nano_dir, "--out", str(out), "max_steps=3", "eval_every=2", "save_every=2",
                   *SMALL) == 0
