@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import yaml
-
 from grpoplus.config import build_config, resumed_config
 from grpoplus.core.needs import collecting
 from grpoplus.dryrun.memory import Device, estimate_memory
@@ -57,7 +55,7 @@ def dry_run_of(plan: RunPlan, needs: list[str] | None = None) -> DryRun:
         policy = model_size(plan.learner.policy.model)
         teacher = model_size(spec) if spec is not None and not is_endpoint(spec) else None
     tokens = token_budget(plan)
-    return DryRun(yaml.safe_dump(plan.record(), sort_keys=False), plan, roles_of(plan), policy, teacher,
+    return DryRun(plan.settings, plan, roles_of(plan), policy, teacher,
                   estimate_memory(plan, policy, teacher, tokens), tokens,
                   list(needs or []) + lacks + machine_needs(plan, policy, teacher), warnings(plan, policy, teacher))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import yaml
+
 from grpoplus import algo as A
 from grpoplus.algo.config import AlgoConfig
 from grpoplus.config import Config
@@ -177,10 +179,11 @@ class EvalPlan:
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
     """What a config decides, resolved once: the driver's assembly builds the run from it and hands each role its
-    own part; the dry run renders it. ``config``: the user's validated settings, kept only to be recorded with the
-    run (:meth:`record`); every part, the task and its data included, runs from its own plan."""
+    own part; the dry run renders it. ``settings``: the user's validated config as the YAML text ``RUN/config.yaml``
+    holds, kept only to be recorded with the run (:meth:`record`): no part can read a setting from it, every part,
+    the task and its data included, runs from its own plan."""
 
-    config: Config
+    settings: str
     placement: Placement
     learner: LearnerRolePlan
     rollout: RolloutRolePlan
@@ -201,12 +204,12 @@ class RunPlan:
 
     def record(self) -> dict:
         """The config as plain data: what the trackers log with the run and the doctor reads its batch shape from."""
-        return self.config.to_dict()
+        return yaml.safe_load(self.settings)
 
     def to_dict(self) -> dict:
         """Every derived decision as plain data, by part (the config itself is in ``config.yaml``)."""
         return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)
-                if f.name != "config" and getattr(self, f.name) is not None}
+                if f.name != "settings" and getattr(self, f.name) is not None}
 
 
 def _plain(value):
@@ -220,7 +223,8 @@ def _plain(value):
 
 def resolve(cfg: Config) -> RunPlan:
     """The plan of a validated config (a bad ``learner.logp_old`` x ``algo.routing_replay`` choice refused here)."""
-    return RunPlan(config=cfg, placement=placement(cfg), learner=learner_role(cfg), rollout=rollout_role(cfg),
+    return RunPlan(settings=yaml.safe_dump(cfg.to_dict(), sort_keys=False), placement=placement(cfg),
+                   learner=learner_role(cfg), rollout=rollout_role(cfg),
                    lora=lora_plan(cfg), eval=eval_plan(cfg), data=data_plan(cfg), loop=loop_plan(cfg),
                    collection=collection_plan(cfg), rewards=rewards_plan(cfg), cluster=cluster_plan(cfg),
                    sft=sft_plan(cfg))

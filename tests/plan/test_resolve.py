@@ -32,7 +32,8 @@ def test_a_role_receives_its_plan_and_no_config_section():
     user_sections = tuple(cls for cls in SECTIONS.values() if cls is not AlgoConfig) + (Config,)
     for role in (plan.learner, plan.rollout):
         assert not [v for v in _fields(role) if isinstance(v, user_sections)]
-    assert plan.learner.algo is plan.config.algo
+    assert plan.learner.algo == build_config(overrides=["beta=0.04"]).algo
+    assert plan.record() == build_config(overrides=["beta=0.04"]).to_dict()  # the settings, recorded and no more
 
 
 def test_the_plan_is_frozen_pickles_and_renders_to_plain_data():
