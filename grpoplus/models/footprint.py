@@ -75,8 +75,12 @@ def process_items(fp: Footprint, size: ModelSize) -> list[Item]:
 
 
 def need_bytes(fp: Footprint, size: ModelSize) -> int:
-    """What the load check asks to be free: the process's resident bytes (an unknown part counted 0) x MARGIN."""
-    return int(sum(item.bytes or 0 for item in process_items(fp, size)) * MARGIN)
+    """What the load check asks to be free: the process's resident bytes (an unknown part counted 0) x MARGIN; a
+    4-bit base is quantised after it loads, so loading it holds at least the whole model as loaded (fp32) first."""
+    resident = sum(item.bytes or 0 for item in process_items(fp, size))
+    if fp.trains and fp.quantize != "none":
+        resident = max(resident, (size.params or 0) * FP32)
+    return int(resident * MARGIN)
 
 
 def _trained_items(fp: Footprint, size: ModelSize) -> list[Item]:

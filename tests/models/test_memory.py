@@ -16,7 +16,7 @@ from grpoplus.config import build_config
 from grpoplus.models import memory
 from grpoplus.models.footprint import MARGIN, Footprint, need_bytes
 from grpoplus.models.load import load_policy
-from grpoplus.models.sizes import ModelSize
+from grpoplus.models.sizes import KNOWN, ModelSize
 from grpoplus.models.tiny import tiny_model
 from grpoplus.models.tokenizer import char_tokenizer
 from grpoplus.plan import resolve
@@ -64,6 +64,10 @@ def test_the_load_check_counts_weights_grads_adam_and_the_samplers_copy():
     assert need_bytes(Footprint(lora_rank=8), size) == 5_000_000
     assert need_bytes(Footprint(engine="hf"), size) == 25_000_000
     assert need_bytes(Footprint(engine="hf", on_gpus=True), size) == 20_000_000  # no reordering on a GPU
+    # a 4-bit base is quantised where it loads: the whole model as loaded (fp32) comes first
+    smol = KNOWN["SmolLM2-135M-Instruct"].arch
+    smollm2 = ModelSize("smollm2", smol.parameters(), "a test", smol)
+    assert need_bytes(Footprint(lora_rank=8, quantize="nf4"), smollm2) == int(smol.parameters() * 4 * MARGIN)
 
 
 def test_a_model_too_large_for_the_memory_is_refused_before_loading(writable_nano_dir):
