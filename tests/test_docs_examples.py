@@ -41,6 +41,12 @@ def test_every_training_example_is_a_valid_command(page, command, tmp_path, monk
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     (tmp_path / "my.yaml").write_text("rollout:\n  group_size: 4\n")
     (tmp_path / "my_env.py").write_text("def make(**row):\n    return None\n")
+    brevity = "def brevity(prompts, completions, **fields):\n    return [0.0] * len(completions)\n"
+    (tmp_path / "my_rewards.py").write_text(brevity)  # a reward named by its file
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "rewards.py").write_text(brevity)  # and by its module
+    monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "runs" / "demo").mkdir(parents=True)
     build_config().save(tmp_path / "runs" / "demo" / "config.yaml")
     err = io.StringIO()

@@ -122,13 +122,12 @@ def build_task_and_model(plan: RunPlan):
     data.long_prompts), the policy with its tokenizer, and the prompt-length metrics for step 0's record (none
     with data.long_prompts=refuse: nothing was changed)."""
     from grpoplus.models.load import is_builtin
+    from grpoplus.tasks import check_chat_prompts
 
     data, seed, where = plan.data, plan.seed, plan.placement
     tasks, rows = builtin_tasks(data, seed), data_rows(data)  # a data set's rows are checked before the model loads
-    # refused before the tiny model's warm start
-    if tasks and getattr(tasks[0], "chat", False) and data.chat_template and is_builtin(data.model):
-        raise ValueError(f"task {data.task!r} writes chat prompts for an instruct model: pass --model (e.g. smollm2), "
-                         "or data.chat_template=false to warm-start the built-in tiny model on the raw prompts")
+    if tasks:  # refused before the tiny model's warm start (and by the config rule task)
+        check_chat_prompts(data.task, getattr(tasks[0], "chat", False), data.chat_template, is_builtin(data.model))
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
     host = where.driver_copy_in_host_memory
     model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device, seed,

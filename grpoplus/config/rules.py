@@ -101,7 +101,9 @@ def check(cfg: Config) -> None:
 @rule("positive_sizes")
 def _positive_sizes(cfg: Config) -> None:
     """Steps, prompts, group size, lengths (data.max_prompt_tokens when given), micro-batches and the held-out size are
-    at least 1; trace counts and budgets are not negative."""
+    at least 1; trace counts, budgets and the engine's sequences at once (rollout.max_num_seqs) are not negative."""
+    from grpoplus.rollout.base import check_max_num_seqs  # the engines' own check
+
     positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
                 "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
                 "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
@@ -117,6 +119,7 @@ def _positive_sizes(cfg: Config) -> None:
     if cfg.data.max_prompt_tokens is not None and cfg.data.max_prompt_tokens < 1:
         raise ConfigError(f"config key data.max_prompt_tokens must be >= 1 (or null: the model's context minus "
                          f"rollout.max_new_tokens), got {cfg.data.max_prompt_tokens}")
+    _as_config_error(check_max_num_seqs, cfg.rollout.max_num_seqs)
 
 
 @rule("health")
@@ -183,39 +186,43 @@ def _quantize(cfg: Config) -> None:
 def _sampler_weights(cfg: Config) -> None:
     """The rollout engine can sample with the weights and options asked for: the hf engine's int8 kernels on a CPU in
     float32 and its one option (rollout.engine_kwargs.pack_weights), vLLM with int8 or fp8 weights in bfloat16 and
-    LoRA adapters up to vLLM's largest rank."""
+    LoRA adapters up to vLLM's largest rank (each engine's own checks, asked with the config's values)."""
+    from grpoplus.learner.precision import COMPUTE_DTYPES
+
     r, lrn = cfg.rollout, cfg.learner
-    gpu = lrn.device.startswith("cuda")
+    dtype = COMPUTE_DTYPES[lrn.precision]
     if r.engine == "hf":
-        from grpoplus.rollout.hf import hf_engine_kwargs  # the engine's own check, for its Python callers too
+        from grpoplus.rollout.hf import hf_engine_kwargs
+        from grpoplus.rollout.quantize import check_quantization
 
-        try:
-            hf_engine_kwargs(r.engine_kwargs)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if r.quantization == "fp8":
-            raise ConfigError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
-                             "rollout.quantization=int8 (the hf engine's CPU int8 kernels) or bf16_rounded")
-        if r.quantization == "int8" and gpu:
-            raise ConfigError(f"rollout.quantization=int8 with rollout.engine=hf uses CPU int8 kernels, but "
-                             f"learner.device={lrn.device}: use rollout.engine=vllm with rollout.quantization=int8")
-        if r.quantization == "int8" and lrn.precision != "fp32":
-            raise ConfigError(f"rollout.quantization=int8 samples with int8 kernels, which do not run under the "
-                             f"bfloat16 autocast of learner.precision={lrn.precision}: use learner.precision=fp32 "
-                             "with it, or rollout.quantization=none")
-    if r.engine != "vllm":
-        return
-    from grpoplus.rollout.vllm_engine import VLLM_LORA_RANKS  # imports no vllm
+        _as_config_error(hf_engine_kwargs, r.engine_kwargs)
+        _as_config_error(check_quantization, r.quantization, lrn.device, dtype)
+    if r.engine == "vllm":
+        from grpoplus.rollout.vllm_engine import check_vllm_options  # imports no vllm
 
-    if r.quantization == "bf16_rounded":
-        raise ConfigError("rollout.quantization=bf16_rounded rounds the hf engine's weights; vLLM samples in bfloat16 "
-                         "itself with learner.precision=bf16_mixed: use that, or rollout.engine=hf")
-    if r.quantization in ("int8", "fp8") and lrn.precision == "fp32" and "dtype" not in r.engine_kwargs:
-        raise ConfigError(f"rollout.quantization={r.quantization} with rollout.engine=vllm computes in bfloat16, and "
-                         "vLLM refuses it in float32: set learner.precision=bf16_mixed (or rollout.engine_kwargs.dtype)")
-    if lrn.lora_rank > VLLM_LORA_RANKS[-1]:
-        raise ConfigError(f"rollout.engine=vllm applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
-                         f"learner.lora_rank={lrn.lora_rank}: lower it, or use rollout.engine=hf (merged weights)")
+        _as_config_error(check_vllm_options, r.quantization, dtype, r.engine_kwargs, lrn.lora_rank)
+
+
+def _as_config_error(check: Callable, *args, **kwargs):
+    """``check(*args, **kwargs)``, a leaf's own check (for its Python callers too) asked with the config's values: its
+    ``ValueError``, whose sentence names the config keys, as a :class:`ConfigError`."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _named(keys: str, check: Callable, *args, **kwargs):
+    """``check(*args, **kwargs)``, a leaf's own check whose sentence does not name the config's keys: its
+    ``ValueError`` as a :class:`ConfigError` that starts with them (``keys``, e.g. ``"data.task=countdown"``)."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{keys}: {err}") from None
 
 
 @rule("freeze")
@@ -232,10 +239,9 @@ def _freeze(cfg: Config) -> None:
 @rule("checkpointing_without_replay")
 def _checkpointing_without_replay(cfg: Config) -> None:
     """Gradient checkpointing recomputes layers in the backward, outside MoE routing replay: not both."""
-    if cfg.learner.gradient_checkpointing and cfg.algo.routing_replay != "off":
-        raise ConfigError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
-                         f"algo.routing_replay={cfg.algo.routing_replay} no longer holds the router's choices: "
-                         f"turn one of them off")
+    from grpoplus.learner.replay import check_replay_checkpointing  # the learner's own check
+
+    _as_config_error(check_replay_checkpointing, cfg.algo.routing_replay, cfg.learner.gradient_checkpointing)
 
 
 @rule("packing")
@@ -267,6 +273,33 @@ def _packages(cfg: Config) -> None:
     _check_packages(cfg)
 
 
+@rule("models")
+def _models(cfg: Config) -> None:
+    """The policy (learner.model) is one grpoplus can load: a built-in tiny model (tiny-<model_type> of an architecture
+    it has) warm-started on the run's built-in task, tiny-untrained (no warm start), or a model directory or file."""
+    _builtin_model(cfg, "learner.model", cfg.learner.model)
+
+
+@rule("task")
+def _task(cfg: Config) -> None:
+    """A built-in task (data.task, without data.data) exists, takes data.task_kwargs and data.difficulty (one of its
+    levels), and writes prompts its model reads: chat prompts need an instruct model's chat template, which the
+    built-in tiny model has not (or data.chat_template=false)."""
+    from grpoplus.models.load import is_builtin
+    from grpoplus.tasks import TASKS, check_chat_prompts, check_task_args
+
+    d = cfg.data
+    if d.data is not None:
+        return
+    kwargs = dict(d.task_kwargs, **({} if d.difficulty is None else {"difficulty": d.difficulty}))
+    given = [f"data.task={d.task}"] + ([] if d.difficulty is None else [f"data.difficulty={d.difficulty}"]) + (
+        [f"data.task_kwargs={d.task_kwargs}"] if d.task_kwargs else [])
+    _named(", ".join(given), check_task_args, d.task, seed=cfg.run.seed, **kwargs)  # the task's own checks
+    if d.task in TASKS:
+        _as_config_error(check_chat_prompts, d.task, getattr(TASKS.get(d.task), "chat", False), d.chat_template,
+                         is_builtin(cfg.learner.model))
+
+
 @rule("cpu_matmul")
 def _cpu_matmul(cfg: Config) -> None:
     """learner.cpu_matmul=onednn needs this torch's oneDNN linear op (on the machine that starts a local run)."""
@@ -280,13 +313,11 @@ def _cpu_matmul(cfg: Config) -> None:
 def _routing_replay(cfg: Config) -> None:
     """Routing replay has its routing to replay: R2 records the learner's in the logp_old pass (not the sampler's
     logp_roll), R3 needs an engine that returns the sampler's."""
+    from grpoplus.learner.replay import check_replay_source  # the learner's own check
     from grpoplus.rollout import ENGINES
 
     replay = cfg.algo.routing_replay
-    if replay == "r2" and cfg.learner.logp_old == "rollout":
-        raise ConfigError("algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
-                         "learner.logp_old=rollout takes pi_old from the sampler: set learner.logp_old=auto, or "
-                         "replay the sampler's routing with algo.routing_replay=r3")
+    _as_config_error(check_replay_source, replay, cfg.learner.logp_old)
     if replay != "r3" or getattr(ENGINES.get(cfg.rollout.engine), "returns_routing", False):
         return
     able = [name for name in ENGINES.names() if getattr(ENGINES.get(name), "returns_routing", False)]
@@ -299,9 +330,9 @@ def _routing_replay(cfg: Config) -> None:
 def _sampling_and_rewards(cfg: Config) -> None:
     """Reward workers, top_p, temperature and the learning rate are in range; overlong shaping adds its reward itself
     (not listed in data.rewards as well)."""
-    workers = cfg.data.reward_workers
-    if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
-        raise ConfigError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
+    from grpoplus.rewards.pipeline import pool_size  # the pipeline's own check
+
+    _as_config_error(pool_size, cfg.data.reward_workers)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"config key rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.rollout.temperature <= 0:
@@ -311,6 +342,20 @@ def _sampling_and_rewards(cfg: Config) -> None:
     if cfg.algo.overlong_shaping and "soft_overlong" in _reward_names(cfg.data.rewards):
         raise ConfigError("algo.overlong_shaping adds the soft_overlong reward itself: drop it from data.rewards "
                          "or set overlong_shaping=false")
+
+
+@rule("rewards")
+def _rewards(cfg: Config) -> None:
+    """Every reward component of data.rewards exists (a registered name, module:function or file.py:function), takes
+    the parameters given and refuses none of them (a judge's url, a reward model's path, ...), and names differ."""
+    from grpoplus.rewards.pipeline import parse_reward_specs
+
+    _named("data.rewards", parse_reward_specs, list(cfg.data.rewards), extra={"task": _task_reward})
+
+
+def _task_reward(prompts: list, completions: list, **fields) -> list:
+    """Stands for the task's verifier (``task`` in data.rewards) while the specs are checked: it takes every field."""
+    raise NotImplementedError
 
 
 @rule("evaluation")
@@ -326,13 +371,24 @@ def _evaluation(cfg: Config) -> None:
         raise ConfigError(f"config key rollout.eval_top_p must be in (0, 1], got {r.eval_top_p}")
     if r.eval_max_new_tokens is not None and r.eval_max_new_tokens < 1:
         raise ConfigError(f"config key rollout.eval_max_new_tokens must be >= 1, got {r.eval_max_new_tokens}")
-    if any(k < 1 for k in r.eval_k):
+    bad = [k for k in r.eval_k if not _estimable(r.eval_samples, k)]
+    if any(k < 1 for k in bad):
         raise ConfigError(f"config key rollout.eval_k takes k >= 1 (pass@k of k responses), got {r.eval_k}")
-    bad = [k for k in r.eval_k if k > r.eval_samples]
     if bad:
         raise ConfigError(f"rollout.eval_k={r.eval_k} asks pass@k for k={bad[0]} but the estimator draws k of "
                          f"rollout.eval_samples={r.eval_samples} responses (1 <= k <= n): raise eval_samples to "
                          f"{max(bad)} or drop k={bad[0]} from eval_k")
+
+
+def _estimable(n: int, k: int) -> bool:
+    """The pass@k estimator takes k of n responses (its own check: grpoplus.metrics.passk.pass_at_k)."""
+    from grpoplus.metrics.passk import pass_at_k
+
+    try:
+        pass_at_k(n, 0, k)
+    except ValueError:
+        return False
+    return True
 
 
 def _reward_names(specs: list) -> list[str]:
@@ -369,6 +425,7 @@ def _groups(cfg: Config) -> None:
 @rule("scale")
 def _check_scale(cfg: Config) -> None:
     """Learner ranks, rollout workers, staleness and the cluster: what can run, before anything starts."""
+    from grpoplus.core.endpoints import cluster_address
     from grpoplus.core.packages import require_package
 
     r, lrn = cfg.rollout, cfg.learner
@@ -381,10 +438,7 @@ def _check_scale(cfg: Config) -> None:
             raise ConfigError(f"config key {key} must be > 0, got {value}")
     if cfg.run.cluster == "local" and r.workers > 1:
         raise ConfigError(f"rollout.workers={r.workers} runs its engines as Ray actors: set cluster=ray, or workers=1")
-    address = cfg.ray.address
-    if address not in (None, "auto") and not _host_port(address):
-        raise ConfigError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379); leave it unset to "
-                         "start a local Ray instance")
+    _as_config_error(cluster_address, cfg.ray.address)  # the cluster's own check of its form
     if cfg.run.cluster == "ray":
         require_package("ray", "cluster=ray")
     rows, fitting = _rank_micro_batches(cfg)
@@ -408,11 +462,6 @@ def _check_scale(cfg: Config) -> None:
         # alone in the process that ran an engine, which would pass for a torchrun node of one rank
         torchrun = "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
         _check_local_devices(lrn.device, int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else lrn.data_parallel)
-
-
-def _host_port(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    return bool(host) and port.isdigit()
 
 
 def _check_sharded(cfg: Config) -> None:
@@ -495,16 +544,28 @@ def _check_teacher(cfg: Config) -> None:
 
 def _builtin_second_model(cfg: Config, key: str, name: str | None) -> None:
     """A built-in tiny model as teacher or demonstration writer is warm-started on the run's built-in task."""
-    from grpoplus.models.load import TINY_UNTRAINED, is_builtin
+    from grpoplus.models.load import TINY_UNTRAINED
 
-    if name is None or not is_builtin(name):
+    if name is None or not _builtin_model(cfg, key, name):
         return
-    if cfg.data.data is not None:
-        raise ConfigError(f"{key}={name} is a built-in tiny model, warm-started on a built-in task, but this run trains "
-                         f"on data.data={cfg.data.data}: name a model directory (or --model-like name) instead")
     if name == TINY_UNTRAINED:
         raise ConfigError(f"{key}={name} is the tiny model before any training: it knows nothing to teach; name a "
                          "trained model (the built-in tiny-teacher, a model directory)")
+
+
+def _builtin_model(cfg: Config, key: str, name: str | None) -> bool:
+    """Whether ``name`` (the value of ``key``) is a built-in tiny model, which then has a built-in task to be
+    warm-started on; a ``tiny-`` name of no built-in model is refused (grpoplus.models.load and
+    grpoplus.sft.warmstart's own checks)."""
+    from grpoplus.models.load import is_builtin
+    from grpoplus.sft.warmstart import check_warm_start
+
+    shown = f"{key}={name}" if name is not None else f"{key} unset"
+    if not _named(shown, is_builtin, name):
+        return False
+    task = cfg.data.task if cfg.data.data is None else None
+    _named(f"{shown} with data.data={cfg.data.data}", check_warm_start, name, task)
+    return True
 
 
 def _check_prm(cfg: Config) -> None:
@@ -521,8 +582,9 @@ def _check_prm(cfg: Config) -> None:
     if cfg.run.cluster == "ray":
         raise ConfigError("data.prm scores in the driver's process, not yet in cluster=ray's scoring tasks: "
                          "use cluster=local, or drop data.prm")
-    if not d.prm_step_separator:
-        raise ConfigError("config key data.prm_step_separator must be a non-empty string (where a step ends)")
+    from grpoplus.rewards.prm import check_step_separator  # the process reward model's own check
+
+    _as_config_error(check_step_separator, d.prm_step_separator)
 
 
 def _check_group_size(cfg: Config) -> None:
@@ -571,11 +633,14 @@ def _supervised_stage(cfg: Config) -> None:
     if s.demos is not None and s.demo_model is not None:
         raise ConfigError(f"sft.demos={s.demos!r} and sft.demo_model={s.demo_model!r} are two sources of "
                          "demonstrations: give one")
-    from grpoplus.sft.builtin import BUILTIN_DEMOS
+    from grpoplus.sft.builtin import BUILTIN_DEMOS, check_builtin_demos
 
-    if s.demos in BUILTIN_DEMOS and cfg.data.task != BUILTIN_DEMOS[s.demos][0]:
-        raise ConfigError(f"sft.demos={s.demos} demonstrates the {BUILTIN_DEMOS[s.demos][0]} task's problems: add "
-                         f"--task {BUILTIN_DEMOS[s.demos][0]}")
+    if s.demos in BUILTIN_DEMOS:
+        _as_config_error(check_builtin_demos, s.demos, cfg.data.task)
+    if s.demos is None and s.demo_model is None and cfg.data.data is not None:
+        raise ConfigError(f"run.stage=sft learns from demonstrations, and a data set's rows (data.data={cfg.data.data})"
+                         " hold answers, not worked demonstrations: give them as sft.demos (grpoplus sft --demos FILE), "
+                         "or a model that writes them (sft.demo_model)")
     if cfg.run.cluster == "ray":
         raise ConfigError("run.stage=sft runs on this machine (one process or learner.data_parallel ranks): use "
                          "cluster=local")

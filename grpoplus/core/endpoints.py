@@ -3,7 +3,8 @@
 The LLM judge and the endpoint teacher need the same three things from a remote server in a long run: a request
 is retried on what passes (connection errors, timeouts, HTTP 429 and 5xx) with exponential backoff and jitter, and
 refused at once on what will not (any other 4xx); a batch of requests runs on a few threads and ends by a deadline,
-whatever the server does; and every failure reads as one line (:class:`EndpointError`).
+whatever the server does; and every failure reads as one line (:class:`EndpointError`). The form of the other
+address a run may be given, a Ray cluster's (:func:`cluster_address`), is checked here too.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ def check_url(url: object, who: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"{who}: url={url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
     return url.rstrip("/")
+
+
+def cluster_address(address: str | None) -> tuple[str, int] | None:
+    """``ray.address`` as the ``(host, port)`` to join, or None (unset: start a local Ray instance; ``auto``: the
+    cluster Ray finds on this node); any other form is a ValueError. The one check of its form, for the cluster
+    (:func:`grpoplus.distributed.ray_cluster.probe`) and the config rule ``scale``."""
+    if address in (None, "auto"):
+        return None
+    host, _, port = str(address).rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379); leave it unset to "
+                         "start a local Ray instance")
+    return host, int(port)
 
 
 def request_bound(timeout_s: float, retries: int) -> float:

@@ -14,6 +14,7 @@ import socket
 import ray
 import ray.exceptions
 
+from grpoplus.core.endpoints import cluster_address
 from grpoplus.distributed.group import RESUME_HINT, RoleError, first_line
 
 PROBE_TIMEOUT_S = 30.0  # longest to wait for a cluster address to accept a TCP connection
@@ -69,11 +70,9 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """A ``host:port`` that does not accept a connection is an error within ``timeout_s`` (at most
     :data:`PROBE_TIMEOUT_S`)."""
     timeout_s = min(timeout_s, PROBE_TIMEOUT_S)
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"ray.address={address!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379)")
+    host, port = cluster_address(address)
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as err:
         raise RoleError(f"cluster: the Ray cluster at {address} did not answer within {timeout_s:.0f} s "
                         f"({first_line(err)}); start it with `ray start --head --port={port}` on {host}, check "

@@ -20,6 +20,7 @@ import re
 
 from grpoplus.envs.base import ENVS
 from grpoplus.tasks.base import TASKS, Example
+from grpoplus.tasks.synthetic import difficulty_levels
 
 TURN_COST = 0.1
 HABITS = (("count", 0.5), ("random", 0.5))  # the warm start's games, by share
@@ -65,9 +66,10 @@ class GuessTask:
     env = "guess"  # the environment its rows are played in (data.env)
     sft_version = 2  # bump when the warm-start games change (it names the warm-start cache)
 
+    check_args = staticmethod(difficulty_levels("guess", 1, 7))  # secrets 1..2^d - 1
+
     def __init__(self, difficulty: int = 4, seed: int = 0, size: int = 2000):
-        if not 1 <= difficulty <= 7:
-            raise ValueError(f"task guess: difficulty must be in 1..7 (secrets 1..2^d - 1), got {difficulty}")
+        self.check_args(difficulty=difficulty)
         self.difficulty, self.high = difficulty, 2 ** difficulty - 1
         rng = random.Random(seed)
         prompt = f"guess 1-{self.high}: "

@@ -22,7 +22,7 @@ from grpoplus.learner.hooks import ONE_PROCESS, UpdateHooks
 from grpoplus.learner.logprobs import response_logprobs
 from grpoplus.learner.packing import packing_pays
 from grpoplus.learner.precision import autocast
-from grpoplus.learner.replay import REPLAY_MODES, LearnerRouting, input_mask
+from grpoplus.learner.replay import LearnerRouting, check_replay_checkpointing, check_replay_source, input_mask
 from grpoplus.models.device import compute_device
 from grpoplus.models.lora import adapters_off
 from grpoplus.models.routing import RoutingSpec
@@ -55,15 +55,10 @@ class LearnerPlan:
     compile: str = "off"  # off, or the torch.compile mode of the decoder layers (grpoplus.learner.compiling)
 
     def __post_init__(self):
-        if self.routing_replay not in REPLAY_MODES:
-            raise ValueError(f"routing_replay={self.routing_replay!r} is not one of {', '.join(REPLAY_MODES)}")
+        check_replay_source(self.routing_replay, self.logp_old)
+        check_replay_checkpointing(self.routing_replay, self.gradient_checkpointing)
         if self.routing_replay != "off" and self.routing_spec is None:
             raise ValueError(f"routing_replay={self.routing_replay} needs an MoE policy (routing_spec), got None")
-        if self.routing_replay == "r2" and self.logp_old != "recompute":
-            raise ValueError(f"routing_replay=r2 records the routing in the logp_old recompute pass; "
-                             f"logp_old={self.logp_old!r} has none (the plan forces recompute)")
-        if self.gradient_checkpointing and self.routing_replay != "off":
-            raise ValueError("gradient_checkpointing recomputes layers in backward, outside the routing replay")
 
     @property
     def logp_old_from_forward(self) -> bool:

@@ -56,6 +56,29 @@ def check_replay(mode: str, model: torch.nn.Module) -> RoutingSpec | None:
     return spec
 
 
+def check_replay_source(mode: str, logp_old: str) -> None:
+    """Refuse a replay without its routing: R2 records the learner's routing in the ``logp_old`` recompute pass, so
+    pi_old cannot come from the sampler (``rollout``) or the training forward (``forward``, a plan's). The one
+    statement of this refusal, for :class:`~grpoplus.learner.prepare.LearnerPlan` and the config rule
+    ``routing_replay`` (``logp_old``: learner.logp_old, auto | recompute | rollout)."""
+    if mode not in REPLAY_MODES:
+        raise ValueError(f"algo.routing_replay={mode!r} is not one of {', '.join(REPLAY_MODES)}")
+    if mode == "r2" and logp_old in ("rollout", "forward"):
+        source = "from the sampler" if logp_old == "rollout" else "from the training forward"
+        raise ValueError(f"algo.routing_replay=r2 records the learner's routing while it computes logp_old, but "
+                         f"learner.logp_old={logp_old} takes pi_old {source}: set learner.logp_old=auto, or "
+                         "replay the sampler's routing with algo.routing_replay=r3")
+
+
+def check_replay_checkpointing(mode: str, gradient_checkpointing: bool) -> None:
+    """Refuse gradient checkpointing under routing replay: a layer recomputed in the backward runs outside the replay.
+    The one statement of this refusal, for :class:`~grpoplus.learner.prepare.LearnerPlan` and the config rule
+    ``checkpointing_without_replay``."""
+    if gradient_checkpointing and mode != "off":
+        raise ValueError(f"learner.gradient_checkpointing recomputes layers in the backward, where "
+                         f"algo.routing_replay={mode} no longer holds the router's choices: turn one of them off")
+
+
 def input_mask(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """[N, P], [N, T] -> [N, P + T] long: the real tokens of ``cat(prompt, response)``, whose routing counts."""
     return torch.cat([prompt_mask.long(), response_mask.long()], 1)

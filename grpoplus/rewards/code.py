@@ -13,7 +13,7 @@ Each test runs in its own sandboxed process, so a test that hangs costs only its
 from __future__ import annotations
 
 from grpoplus.rewards.registry import REWARDS
-from grpoplus.rewards.sandbox import run_python
+from grpoplus.rewards.sandbox import check_limits, run_python
 
 _FENCE = "```"
 
@@ -84,3 +84,6 @@ def code_batch(
         None if t is None else code_reward(c, t, timeout_s=timeout_s, memory_mb=memory_mb)
         for c, t in zip(completions, tests, strict=True)
     ]
+
+
+code_batch.check_options = check_limits  # timeout_s, memory_mb: refused as the specs are parsed

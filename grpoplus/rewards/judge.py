@@ -232,6 +232,19 @@ def _configure(url, model, rubric, min_score, max_score, concurrency, timeout_s,
                api_key_env, choices) -> _Judge:
     """Check the parameters and find the model: a :class:`JudgeConfigError` (or a RewardError for a server that
     cannot be asked) before any sample is sent."""
+    base = check_judge_options(url, min_score, max_score, concurrency, timeout_s, retries, rubric, choices)
+    key = api_key(api_key_env)
+    if model is None:
+        model = _served_model(base, timeout_s, retries, key)
+    text = DEFAULT_RUBRIC.format(min=f"{min_score:g}", max=f"{max_score:g}") if rubric is None else rubric
+    return _Judge(base, str(model), text, float(min_score), float(max_score), float(timeout_s), int(retries),
+                  int(max_tokens), float(temperature), key, bool(choices))
+
+
+def check_judge_options(url, min_score, max_score, concurrency, timeout_s, retries, rubric, choices, **_) -> str:
+    """The judge's parameters no sample can work with, refused without asking the server (a
+    :class:`JudgeConfigError`); the base URL. The judge asks it, and so does the reward pipeline as it parses the
+    specs (``judge_reward.check_options``: the config rule ``rewards``)."""
     try:
         base = check_url(url, "reward 'judge'")
     except ValueError as err:
@@ -247,12 +260,10 @@ def _configure(url, model, rubric, min_score, max_score, concurrency, timeout_s,
     if rubric is not None and not isinstance(rubric, str):
         raise JudgeConfigError(f"reward 'judge': rubric must be text, got {type(rubric).__name__} (in a string spec, "
                                "a ': ' inside a value reads as a mapping): give it in a YAML config's dict form")
-    key = api_key(api_key_env)
-    if model is None:
-        model = _served_model(base, timeout_s, retries, key)
-    text = DEFAULT_RUBRIC.format(min=f"{min_score:g}", max=f"{max_score:g}") if rubric is None else rubric
-    return _Judge(base, str(model), text, float(min_score), float(max_score), float(timeout_s), int(retries),
-                  int(max_tokens), float(temperature), key, bool(choices))
+    return base
+
+
+judge_reward.check_options = check_judge_options
 
 
 def _served_model(base: str, timeout_s: float, retries: int, key: str | None) -> str:

@@ -41,6 +41,18 @@ def soft_overlong(prompts: list[str], completions: list[str], *, max_len: int, c
     return [soft_overlong_penalty(n, max_len, cache) for n in _lengths(fields, "soft_overlong")]
 
 
+def _check_soft_overlong(max_len: int | None = None, cache: int | None = None, **_) -> None:
+    """``soft_overlong``'s parameters, refused as the specs are parsed (the config rule ``rewards``): both given, in the
+    penalty's own range (:func:`soft_overlong_penalty`)."""
+    if max_len is None or cache is None:
+        raise ValueError("reward 'soft_overlong' needs max_len= and cache= (tokens), e.g. "
+                         "soft_overlong:max_len=512,cache=128 (algo.overlong_shaping adds it with both itself)")
+    soft_overlong_penalty(0, max_len, cache)
+
+
+soft_overlong.check_options = _check_soft_overlong
+
+
 @REWARDS.register("length_penalty")
 def length_penalty(prompts: list[str], completions: list[str], *, max_len: int, coef: float = 1.0, **fields) -> list[float]:
     """Linear penalty ``-coef * min(L, max_len) / max_len``: shorter answers score higher.

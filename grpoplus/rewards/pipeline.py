@@ -154,6 +154,7 @@ def parse_reward_specs(specs: list, extra: dict[str, RewardFn] | None = None) ->
             raise ValueError(f"reward spec must be a non-empty string or a dict, got {spec!r}")
         name, fn, source = _resolve(target, extra)
         _check_kwargs(name, fn, kwargs)
+        _check_options(fn, kwargs)
         components.append(RewardComponent(name, fn, weight, kwargs, source))
     names = [c.name for c in components]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -191,6 +192,19 @@ def _check_kwargs(name: str, fn: RewardFn, kwargs: dict) -> None:
         )
 
 
+def _check_options(fn: RewardFn, kwargs: dict) -> None:
+    """A reward's own ``check_options`` (a parametrised reward's refusal of parameters no sample can be scored with: a
+    judge without url=, ...), asked with every keyword parameter of ``fn`` (the spec's, else their defaults) as the
+    specs are parsed: before the pipeline exists, and by the config rule ``rewards`` before anything loads."""
+    check = getattr(fn, "check_options", None)
+    if check is None:
+        return
+    params = inspect.signature(fn).parameters
+    options = {name: p.default for name, p in params.items()
+               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty}
+    check(**{**options, **kwargs})
+
+
 def _accepted_names(fn: RewardFn) -> set[str] | None:
     """Keyword names ``fn`` accepts, or None when it takes ``**kwargs``."""
     try:
@@ -202,11 +216,14 @@ def _accepted_names(fn: RewardFn) -> set[str] | None:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def _pool_size(workers: int | str) -> int:
+def pool_size(workers: int | str) -> int:
+    """The reward processes of ``workers`` (``data.reward_workers``): 0 = in-process, N, or ``auto`` (this machine's
+    cores but one); anything else is refused, here for the pipeline and for the config rule
+    ``sampling_and_rewards``."""
     if workers == "auto":
         return max(1, len(os.sched_getaffinity(0)) - 1)  # leave a core to the trainer
     if not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"workers must be 0 (in-process), a positive int or 'auto', got {workers!r}")
+        raise ValueError(f"config key data.reward_workers must be an integer >= 0 or 'auto', got {workers!r}")
     return workers
 
 
@@ -274,7 +291,7 @@ class RewardPipeline:
         self._pooled: set[str] = set()
         self._timed = TimedCalls()
         self._timeout_streak: dict[str, int] = {}
-        size = _pool_size(workers)
+        size = pool_size(workers)
         if size > 0:
             payloads = {}
             for comp in components:

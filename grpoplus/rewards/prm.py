@@ -23,13 +23,20 @@ import torch
 from grpoplus.rewards.classifier import load_classifier
 
 
+def check_step_separator(step_separator: str) -> None:
+    """Refuse an empty step separator: the one statement of this refusal, for :class:`ProcessRewardModel` and the
+    config rule ``environments`` (data.prm_step_separator)."""
+    if not step_separator:
+        raise ValueError("config key data.prm_step_separator must be a non-empty string (where a response's steps "
+                         "end)")
+
+
 class ProcessRewardModel:
     """A token-classification PRM in a local Hugging Face directory, loaded once per process and device."""
 
     def __init__(self, path: str, *, step_separator: str = "\n", device: str = "cpu", batch_size: int = 16,
                  sigmoid: bool = False):
-        if not step_separator:
-            raise ValueError("data.prm_step_separator must be a non-empty string (where a response's steps end)")
+        check_step_separator(step_separator)
         if batch_size < 1:
             raise ValueError(f"ProcessRewardModel: batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = load_classifier("token", path, device, "data.prm")

@@ -49,7 +49,9 @@ def reward_model(prompts: list[str], completions: list[str], *, path: str | None
 reward_model.in_process = True  # RewardPipeline: batched on this process's device, never sent to a pool worker
 
 
-def _check_options(path, batch_size: int, max_length: int, normalize: str, template: str) -> None:
+def _check_options(path, batch_size: int, max_length: int, normalize: str, template: str, **_) -> None:
+    """The reward model's parameters no sample can be scored with, refused before it loads: by the reward itself, and
+    by the reward pipeline as it parses the specs (``reward_model.check_options``: the config rule ``rewards``)."""
     if not path:
         raise ClassifierError("reward_model needs path=DIR: a local Hugging Face directory holding an "
                               "AutoModelForSequenceClassification and its tokenizer")
@@ -59,6 +61,9 @@ def _check_options(path, batch_size: int, max_length: int, normalize: str, templ
     if batch_size < 1 or max_length < 1:
         raise ClassifierError(f"reward_model: batch_size and max_length must be >= 1, got {batch_size} and "
                               f"{max_length}")
+
+
+reward_model.check_options = _check_options
 
 
 def reward_texts(tokenizer, prompts: list[str], completions: list[str], template: str) -> tuple[list[str], bool]:

@@ -205,6 +205,13 @@ def _read_capped(path: str, limit: int) -> str:
         return f.read(limit).decode("utf-8", errors="replace")
 
 
+def check_limits(timeout_s: float, memory_mb: int, **_) -> None:
+    """Refuse limits no program can run under: the one statement of this refusal, for :func:`run_python` and the
+    ``code`` reward's parameters as the specs are parsed (``code_batch.check_options``: the config rule ``rewards``)."""
+    if timeout_s <= 0 or memory_mb <= 0:
+        raise ValueError(f"run_python needs timeout_s > 0 and memory_mb > 0, got {timeout_s}, {memory_mb}")
+
+
 def run_python(
     code: str,
     *,
@@ -229,8 +236,7 @@ def run_python(
     >>> run_python("print(input()[::-1])", stdin="abc", timeout_s=5).stdout
     'cba\\n'
     """
-    if timeout_s <= 0 or memory_mb <= 0:
-        raise ValueError(f"run_python needs timeout_s > 0 and memory_mb > 0, got {timeout_s}, {memory_mb}")
+    check_limits(timeout_s, memory_mb)
     interpreter = os.path.realpath(python or sys.executable)  # a venv's link would point outside the shown files
     uid = -1
     if _is_root():

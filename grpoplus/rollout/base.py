@@ -27,7 +27,7 @@ class EngineOptions:
     """Sampler weights: none (the learner's precision), int8 (real int8 kernels), fp8 (GPU engines),
     bf16_rounded (weights rounded to bfloat16, computed in float32: a precision gap without int8 kernels)."""
     max_num_seqs: int | None = None
-    """Most sequences decoded at once (None: the engine's choice)."""
+    """Most sequences decoded at once (None or 0: the engine's choice, as ``rollout.max_num_seqs=0``)."""
     max_model_len: int = 1024
     """Longest prompt + response, in tokens (engines that preallocate size their caches by it)."""
     seed: int = 0
@@ -91,6 +91,13 @@ def require_engine(name: str) -> None:
         from grpoplus.core.needs import unmet
 
         unmet(ImportError(f"rollout.engine={name} needs the {module} package, which is not installed: {hint}"))
+
+
+def check_max_num_seqs(max_num_seqs: int | None) -> None:
+    """Refuse a negative bound on the sequences an engine decodes at once (None or 0: the engine's choice); the engines
+    and the config rule ``positive_sizes`` (``rollout.max_num_seqs``) both ask this."""
+    if max_num_seqs is not None and max_num_seqs < 0:
+        raise ValueError(f"config key rollout.max_num_seqs must be >= 0 (0 = the engine's choice), got {max_num_seqs}")
 
 
 def check_request(prompts: list[str], params: SamplingParams, prompt_index: list[int] | None) -> None:

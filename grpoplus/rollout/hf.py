@@ -23,7 +23,14 @@ from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_model
 from grpoplus.models.qlora import is_4bit
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
-from grpoplus.rollout.base import DEFAULT_OPTIONS, ENGINES, EngineOptions, check_request, encode_prompts
+from grpoplus.rollout.base import (
+    DEFAULT_OPTIONS,
+    ENGINES,
+    EngineOptions,
+    check_max_num_seqs,
+    check_request,
+    encode_prompts,
+)
 from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, static_refusal
 from grpoplus.rollout.decode_ops import PreallocatedLayer, expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
@@ -207,18 +214,14 @@ class HFEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  options: EngineOptions = DEFAULT_OPTIONS):
-        check_quantization(options.quantization, next(model.parameters()).device)
         if options.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the hf engine computes in float32 or bfloat16, not {options.dtype}")
-        if options.dtype != torch.float32 and options.quantization == "int8":
-            raise ValueError("rollout.quantization=int8 samples with int8 kernels, which do not run under bfloat16 "
-                             "autocast: use learner.precision=fp32 with it, or rollout.quantization=none")
+        check_quantization(options.quantization, next(model.parameters()).device, options.dtype)
         self.dtype = options.dtype
-        if options.max_num_seqs is not None and options.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1 or None, got {options.max_num_seqs}")
+        check_max_num_seqs(options.max_num_seqs)
         self.tokenizer = tokenizer
         self.quantization = options.quantization
-        self.max_batch_size = options.max_num_seqs
+        self.max_batch_size = options.max_num_seqs or None  # 0: the engine's choice, as None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0

@@ -19,13 +19,23 @@ import torch
 QUANTIZATIONS = ("none", "bf16_rounded", "int8")
 
 
-def check_quantization(quantization: str, device: torch.device) -> None:
+def check_quantization(quantization: str, device: str | torch.device, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse sampler weights the hf engine cannot sample with on ``device`` in ``dtype``: the one statement of these
+    refusals, for the engine (its Python callers too) and the config rule ``sampler_weights`` (``device`` =
+    learner.device, ``dtype`` = learner.precision's)."""
+    if quantization == "fp8":
+        raise ValueError("rollout.quantization=fp8 needs fp8 GPU kernels: use rollout.engine=vllm on a GPU, or "
+                         "rollout.quantization=int8 (the hf engine's CPU int8 kernels) or bf16_rounded")
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"rollout engine 'hf': quantization={quantization!r} is not available; choose one of: "
-                         f"{', '.join(QUANTIZATIONS)} (fp8 needs a GPU: rollout.engine=vllm)")
-    if quantization == "int8" and device.type != "cpu":
-        raise ValueError("rollout engine 'hf': quantization=int8 uses CPU int8 kernels; on a GPU use "
-                         "rollout.engine=vllm with rollout.quantization=int8")
+                         f"{', '.join(QUANTIZATIONS)}")
+    if quantization == "int8" and torch.device(device).type != "cpu":
+        raise ValueError(f"rollout.quantization=int8 with rollout.engine=hf uses CPU int8 kernels, but "
+                         f"learner.device={device}: use rollout.engine=vllm with rollout.quantization=int8")
+    if quantization == "int8" and dtype != torch.float32:
+        raise ValueError("rollout.quantization=int8 samples with int8 kernels, which do not run under the bfloat16 "
+                         "autocast of learner.precision=bf16_mixed: use learner.precision=fp32 with it, or "
+                         "rollout.quantization=none")
 
 
 def sampler_model(model: torch.nn.Module, quantization: str) -> torch.nn.Module:

@@ -34,6 +34,7 @@ from grpoplus.rollout.base import (
     ENGINES,
     EngineError,
     EngineOptions,
+    check_max_num_seqs,
     check_request,
     encode_prompts,
     require_engine,
@@ -98,6 +99,24 @@ def classes_kept(model: torch.nn.Module) -> Iterator[None]:
                 cls.__call__ = call
 
 
+def check_vllm_options(quantization: str, dtype: torch.dtype, extra: dict, lora_rank: int) -> None:
+    """Refuse what vLLM cannot sample with (imports no vllm): the one statement of these refusals, for the engine (its
+    Python callers too) and the config rule ``sampler_weights`` (``dtype``: learner.precision's, ``extra``:
+    rollout.engine_kwargs, ``lora_rank``: learner.lora_rank)."""
+    if quantization == "bf16_rounded":
+        raise ValueError("rollout.quantization=bf16_rounded rounds the hf engine's weights; vLLM samples in bfloat16 "
+                         "itself with learner.precision=bf16_mixed: use that, or rollout.engine=hf")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"rollout engine 'vllm': quantization={quantization!r} is not available; "
+                         f"choose one of: {', '.join(QUANTIZATIONS)}")
+    if quantization != "none" and dtype == torch.float32 and "dtype" not in extra:
+        raise ValueError(f"rollout.quantization={quantization} with rollout.engine=vllm computes in bfloat16, and "
+                         "vLLM refuses it in float32: set learner.precision=bf16_mixed (or rollout.engine_kwargs.dtype)")
+    if lora_rank > VLLM_LORA_RANKS[-1]:
+        raise ValueError(f"rollout.engine=vllm applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
+                         f"learner.lora_rank={lora_rank}: lower it, or use rollout.engine=hf (merged weights)")
+
+
 def _reason(err: Exception) -> str:
     """The line of a (pydantic, multi-line) error message that says what went wrong."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -122,9 +141,9 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = DEFAULT_OPTIONS):
         require_engine(self.name)
-        if options.quantization not in QUANTIZATIONS:
-            raise ValueError(f"rollout engine 'vllm': quantization={options.quantization!r} is not available; "
-                             f"choose one of: {', '.join(QUANTIZATIONS)}")
+        self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
+        check_vllm_options(options.quantization, options.dtype, options.extra, self.lora_rank)
+        check_max_num_seqs(options.max_num_seqs)
         if options.quantization != "none" and on_cpu():
             raise ValueError(f"rollout engine 'vllm': quantization={options.quantization} runs in bf16/fp16 on a GPU; "
                              "on a CPU use rollout.engine=hf with rollout.quantization=int8 (CPU int8 kernels)")
@@ -138,10 +157,6 @@ class VLLMEngine:
         self._dir = tempfile.mkdtemp(prefix="grpoplus-vllm-")
         self.llm = None
         self.base = model  # a LoRA policy: takes adapters that come from outside this process's modules
-        self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
-        if self.lora_rank > VLLM_LORA_RANKS[-1]:
-            raise ValueError(f"rollout engine 'vllm' applies LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}, got "
-                             f"learner.lora_rank={self.lora_rank}; lower it or use rollout.engine=hf (merged weights)")
         self.lora_request = None  # the adapters vLLM applies (a LoRA policy), renewed at every sync
         try:
             # A LoRA policy: vLLM holds the base weights and applies the adapters itself.

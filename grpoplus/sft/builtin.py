@@ -44,10 +44,16 @@ BUILTIN_DEMOS: dict[str, tuple[str, Callable]] = {"wordproblems-calculator": ("w
 """name -> (the task whose training problems it demonstrates, example -> row)."""
 
 
-def builtin_rows(name: str, task_name: str, examples: list) -> list[dict]:
-    """The rows of the built-in demonstrations ``name`` for the run's training ``examples``."""
-    task, row = BUILTIN_DEMOS[name]
+def check_builtin_demos(name: str, task_name: str) -> None:
+    """Refuse the built-in demonstrations ``name`` for another task's problems: the one statement of this refusal, for
+    :func:`builtin_rows` and the config rule ``supervised_stage``."""
+    task = BUILTIN_DEMOS[name][0]
     if task_name != task:
         raise ValueError(f"sft.demos={name} demonstrates the {task} task's problems: add --task {task} "
                          f"(the run's task is {task_name!r})")
-    return [row(example) for example in examples]
+
+
+def builtin_rows(name: str, task_name: str, examples: list) -> list[dict]:
+    """The rows of the built-in demonstrations ``name`` for the run's training ``examples``."""
+    check_builtin_demos(name, task_name)
+    return [BUILTIN_DEMOS[name][1](example) for example in examples]

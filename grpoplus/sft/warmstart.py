@@ -286,6 +286,16 @@ def build_warmstart(
     return final
 
 
+def check_warm_start(model: str | None, task: str | None) -> None:
+    """Refuse a built-in tiny model (but ``tiny-untrained``) without a built-in task to warm-start it on (a data
+    set's run): the one statement of this refusal, for :func:`load_builtin` and the config rules ``models`` and
+    ``teacher`` (learner.model, learner.teacher, sft.demo_model)."""
+    if model != TINY_UNTRAINED and task is None:
+        name = "the built-in tiny model" if model is None else f"the built-in tiny model {model}"
+        raise ValueError(f"{name} is warm-started on a built-in task, and a data set's run (data.data) names none: "
+                         "name a model directory or file instead (--model PATH)")
+
+
 def load_builtin(model: str | None, task: str | None, difficulty: int | None = None, *, seed: int = 0,
                  eval_seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  quantize: FourBit | None = None):
@@ -298,8 +308,7 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device, quantize)
-    if task is None:
-        raise ValueError("no model given: pass a model path (--model PATH) or a built-in task for the tiny model")
+    check_warm_start(model, task)
     if model == TINY_TEACHER:
         path = build_warmstart(task, difficulty, **teacher_recipe(task))
         return prepared(*load_hf_dir(path, dtype), device, quantize)

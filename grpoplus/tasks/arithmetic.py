@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 
 from grpoplus.tasks.base import TASKS, Example
-from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits, final_answer
+from grpoplus.tasks.synthetic import SyntheticTask, difficulty_levels, draw_splits, final_answer
 
 MAX_OPERAND = 9
 
@@ -74,8 +74,11 @@ def arithmetic(difficulty: int = 4, seed: int = 0, n_train: int = 5000, n_test: 
     Difficulties 1 and 2 have fewer distinct problems than the default split sizes: pass a
     smaller ``n_train`` for them.
     """
-    check_int("arithmetic difficulty", difficulty, 1, 10)
+    arithmetic.check_args(difficulty=difficulty)
     train, test = draw_splits(
         lambda rng: draw_arithmetic(rng, difficulty), seed=seed, n_train=n_train, n_test=n_test, what="arithmetic"
     )
     return SyntheticTask("arithmetic", difficulty, train, test, arithmetic_reward, arithmetic_target)
+
+
+arithmetic.check_args = difficulty_levels("arithmetic", 1, 10)

@@ -21,7 +21,7 @@ from collections import Counter
 from fractions import Fraction
 
 from grpoplus.tasks.base import TASKS, Example
-from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits, final_answer
+from grpoplus.tasks.synthetic import SyntheticTask, difficulty_levels, draw_splits, final_answer
 
 MAX_NUMBER = 25
 MAX_VALUE = 999
@@ -136,8 +136,11 @@ def countdown_reward(
 @TASKS.register("countdown")
 def countdown(difficulty: int = 3, seed: int = 0, n_train: int = 5000, n_test: int = 200) -> SyntheticTask:
     """The countdown task: ``difficulty`` (2..6) numbers are given."""
-    check_int("countdown difficulty", difficulty, 2, 6)
+    countdown.check_args(difficulty=difficulty)
     train, test = draw_splits(
         lambda rng: draw_countdown(rng, difficulty), seed=seed, n_train=n_train, n_test=n_test, what="countdown"
     )
     return SyntheticTask("countdown", difficulty, train, test, countdown_reward, countdown_target)
+
+
+countdown.check_args = difficulty_levels("countdown", 2, 6)

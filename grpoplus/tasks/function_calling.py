@@ -25,7 +25,7 @@ import random
 from grpoplus.data.functions import function_call_record
 from grpoplus.rewards.function_call import function_call_reward
 from grpoplus.tasks.base import TASKS, Example
-from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits
+from grpoplus.tasks.synthetic import SyntheticTask, difficulty_levels, draw_splits
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -150,10 +150,13 @@ def function_calling_reward(prompts, completions, answer, **fields) -> list[floa
 def function_calling(difficulty: int = 2, seed: int = 0, n_train: int = 1500, n_test: int = 100) -> SyntheticTask:
     """Calling the right built-in tool with the right arguments: ``difficulty`` (1..4) tools offered per prompt,
     two-call parallel requests from 3 on."""
-    check_int("function_calling difficulty", difficulty, 1, 4)
+    function_calling.check_args(difficulty=difficulty)
     train, test = draw_splits(lambda rng: draw_function_call(rng, difficulty), seed=seed, n_train=n_train,
                               n_test=n_test, what="function_calling")
     return SyntheticTask("function_calling", difficulty, train, test, function_calling_reward, function_call_target)
+
+
+function_calling.check_args = difficulty_levels("function_calling", 1, 4)
 
 
 # the built-in model's warm start (grpoplus.sft.warmstart): sequences about 5x arithmetic's, so smaller supervised steps

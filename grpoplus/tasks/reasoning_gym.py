@@ -51,16 +51,30 @@ def reasoning_gym_task(dataset: str | None = None, seed: int = 0, size: int = 20
                        test_size: int = 200) -> SyntheticTask:
     """The reasoning-gym data set ``dataset`` as a task (see the module docstring; the argument is not ``name``:
     ``get_task(name, **kwargs)`` takes that one itself)."""
+    check_args(dataset=dataset, size=size, difficulty=difficulty, test_size=test_size)
+    test = tuple(_examples(dataset, seed + TEST_SEED_OFFSET, test_size, difficulty))
+    held_out = {ex.prompt for ex in test}
+    train = tuple(ex for ex in _examples(dataset, seed, size, difficulty) if ex.prompt not in held_out)
+    verifier = functools.partial(reasoning_gym_reward, rg_dataset=dataset, rg_difficulty=difficulty)
+    return SyntheticTask(f"reasoning_gym/{dataset}", difficulty, train, test, verifier, _target,
+                         chat=reasoning_gym_task.chat)
+
+
+def check_args(dataset: str | None = None, size: int = 0, difficulty: int | None = None, test_size: int = 0,
+               **_) -> None:
+    """Refuse, before anything is built, what the task would: no data set, an unknown one, negative sizes, a
+    difficulty a data set has no curriculum level for (the factory asks it, and so do ``get_task`` and the config
+    rule ``task``; it imports reasoning-gym)."""
     if not dataset:
         raise ValueError("task reasoning_gym needs the reasoning-gym data set: get_task('reasoning_gym', "
                          "dataset='chain_sum') (names: reasoning_gym.factory.DATASETS)")
     if size < 0 or test_size < 0:
         raise ValueError(f"task reasoning_gym: size and test_size must be >= 0, got {size} and {test_size}")
-    test = tuple(_examples(dataset, seed + TEST_SEED_OFFSET, test_size, difficulty))
-    held_out = {ex.prompt for ex in test}
-    train = tuple(ex for ex in _examples(dataset, seed, size, difficulty) if ex.prompt not in held_out)
-    verifier = functools.partial(reasoning_gym_reward, rg_dataset=dataset, rg_difficulty=difficulty)
-    return SyntheticTask(f"reasoning_gym/{dataset}", difficulty, train, test, verifier, _target, chat=True)
+    _check_dataset(dataset, difficulty)
+
+
+reasoning_gym_task.check_args = check_args
+reasoning_gym_task.chat = True  # its prompts are user messages (SyntheticTask.chat), known before it is built
 
 
 def reasoning_gym_reward(prompts: list[str], completions: list[str], answer: list[str],
@@ -89,22 +103,31 @@ def _examples(name: str, seed: int, size: int, difficulty: int | None) -> list[E
 def _dataset(name: str, seed: int, size: int, difficulty: int | None) -> Any:
     """reasoning-gym's data set ``name`` (its default configuration, or its curriculum at ``difficulty``); cached, as
     the verifier asks for its scorer on every call."""
+    _check_dataset(name, difficulty)
+    from reasoning_gym.factory import DATASETS, create_curriculum, create_dataset
+
+    if difficulty is None:
+        return create_dataset(name, seed=seed, size=size)
+    curriculum = create_curriculum(name)
+    curriculum.set_global_level(difficulty)
+    return DATASETS[name][0](config=curriculum.generate_configuration({"seed": seed, "size": size}))
+
+
+def _check_dataset(name: str, difficulty: int | None) -> None:
+    """reasoning-gym has the data set ``name``, with a curriculum level ``difficulty`` (None: its default)."""
     if importlib.util.find_spec("reasoning_gym") is None:
         raise ImportError("task reasoning_gym needs the reasoning-gym package: pip install 'grpoplus[envs]'")
-    from reasoning_gym.factory import DATASETS, create_curriculum, create_dataset, has_curriculum
+    from reasoning_gym.factory import DATASETS, has_curriculum
 
     if name not in DATASETS:
         raise ValueError(f"task reasoning_gym: unknown data set {name!r}; choose one of: {', '.join(sorted(DATASETS))}")
     if difficulty is None:
-        return create_dataset(name, seed=seed, size=size)
+        return
     if not has_curriculum(name):
         raise ValueError(f"task reasoning_gym: data set {name!r} has no curriculum, so no difficulty levels: leave "
                          "difficulty unset")
     if difficulty < 0:
         raise ValueError(f"task reasoning_gym: difficulty is a curriculum level >= 0, got {difficulty}")
-    curriculum = create_curriculum(name)
-    curriculum.set_global_level(difficulty)
-    return DATASETS[name][0](config=curriculum.generate_configuration({"seed": seed, "size": size}))
 
 
 def _target(example: Example) -> str:

@@ -53,8 +53,7 @@ def draw_splits(
 
     Raises ``ValueError`` when the problem space is too small for that many unique prompts.
     """
-    if n_train < 0 or n_test < 0:
-        raise ValueError(f"{what}: n_train and n_test must be >= 0, got {n_train} and {n_test}")
+    check_sizes(what, n_train, n_test)
     rng = random.Random(seed)
     seen: set[str] = set()
     splits = []
@@ -78,11 +77,31 @@ def draw_splits(
     return train, test
 
 
+def check_sizes(what: str, n_train: int | None, n_test: int | None) -> None:
+    """Refuse negative split sizes (``data.task_kwargs``' n_train, n_test; None: not given): for :func:`draw_splits`
+    and a factory's ``check_args``."""
+    bad = [f"{name}={n}" for name, n in (("n_train", n_train), ("n_test", n_test)) if n is not None and n < 0]
+    if bad:
+        raise ValueError(f"{what}: n_train and n_test must be >= 0, got {', '.join(bad)}")
+
+
 def check_int(name: str, value: object, low: int, high: int) -> int:
     """``value`` as an int in ``[low, high]``, else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return value
+
+
+def difficulty_levels(task: str, low: int, high: int) -> Callable[..., None]:
+    """A synthetic task factory's ``check_args``: its ``difficulty``, when given, is an integer in ``[low, high]`` and
+    its split sizes (``n_train``, ``n_test``) are not negative. The factory asks it, and so do
+    :func:`grpoplus.tasks.check_task_args` (``get_task``) and the config rule ``task``, before anything is built."""
+    def check_args(difficulty: int | None = None, n_train: int | None = None, n_test: int | None = None, **_) -> None:
+        if difficulty is not None:
+            check_int(f"{task} difficulty", difficulty, low, high)
+        check_sizes(task, n_train, n_test)
+
+    return check_args
 
 
 def final_answer(completion: object) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 
 from grpoplus.tasks.base import TASKS, Example
-from grpoplus.tasks.synthetic import SyntheticTask, check_int, draw_splits
+from grpoplus.tasks.synthetic import SyntheticTask, difficulty_levels, draw_splits
 
 INSTRUCTION = "Give the final answer on the last line as '#### <number>'."
 NAMES = ("Mia", "Tom", "Sara", "Ali", "Mei", "Ravi", "Lena", "Omar", "Zoe", "Ben")
@@ -153,7 +153,12 @@ def wordproblem_reward(prompts: list[str], completions: list[str], answer: list[
 @TASKS.register("wordproblems")
 def wordproblems(difficulty: int = 2, seed: int = 0, n_train: int = 5000, n_test: int = 200) -> SyntheticTask:
     """The word-problem task: ``difficulty`` (1..4) arithmetic steps per problem; chat prompts."""
-    check_int("wordproblems difficulty", difficulty, 1, 4)
+    wordproblems.check_args(difficulty=difficulty)
     train, test = draw_splits(lambda rng: draw_wordproblem(rng, difficulty), seed=seed, n_train=n_train,
                               n_test=n_test, what="wordproblems")
-    return SyntheticTask("wordproblems", difficulty, train, test, wordproblem_reward, wordproblem_target, chat=True)
+    return SyntheticTask("wordproblems", difficulty, train, test, wordproblem_reward, wordproblem_target,
+                         chat=wordproblems.chat)
+
+
+wordproblems.check_args = difficulty_levels("wordproblems", 1, 4)
+wordproblems.chat = True  # its prompts are user messages (SyntheticTask.chat), known before it is built

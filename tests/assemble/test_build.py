@@ -16,6 +16,11 @@ def _prompts(examples) -> set[str]:
     return {ex.prompt for ex in examples}
 
 
+NO_WARM_START = "model=tiny-untrained"
+"""A data set's run names its model: the built-in tiny one is warm-started on a built-in task (the config rule models),
+but for tiny-untrained."""
+
+
 def _build(*overrides):
     """(task, train, test) of the dapo preset's run with ``overrides``, made from its plan's data part."""
     plan = resolve(build_config("dapo", overrides=list(overrides)))
@@ -42,11 +47,11 @@ def test_seed_0_keeps_its_splits_as_they_were():
 def test_eval_seed_chooses_the_held_out_rows_of_a_data_set(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) for i in range(40)) + "\n")
-    splits = [_build(f"data={data}", f"seed={seed}", "chat_template=false") for seed in (0, 5)]
+    splits = [_build(f"data={data}", f"seed={seed}", "chat_template=false", NO_WARM_START) for seed in (0, 5)]
     assert _prompts(splits[0][2]) == _prompts(splits[1][2])
     for _, train, test in splits:
         assert not _prompts(train) & _prompts(test) and len(train) + len(test) == 40
-    moved = _build(f"data={data}", "eval_seed=1", "chat_template=false")
+    moved = _build(f"data={data}", "eval_seed=1", "chat_template=false", NO_WARM_START)
     assert _prompts(moved[2]) != _prompts(splits[0][2])
 
 
@@ -72,7 +77,7 @@ def test_rows_that_all_share_one_prompt_need_a_problem_id_or_held_out_rows_of_th
     # the idiom of an environment that draws its own task: every row says only "play"
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": "play", "answer": str(i)}) + "\n" for i in range(20)))
-    overrides = (f"data={data}", "chat_template=false")
+    overrides = (f"data={data}", "chat_template=false", NO_WARM_START)
     with pytest.raises(ValueError, match=r"^every one of the \d+ training rows shares its problem with a held-out row "
                                          r".*give each row a problem_id field .* \(data.eval_data\)$"):
         _build(*overrides)

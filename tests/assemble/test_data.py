@@ -35,7 +35,7 @@ def test_one_seed_makes_the_task_once_and_reads_no_rows():
     plan = _plan("seed=2", "eval_seed=2")
     task, held_out = builtin_tasks(plan.data, plan.seed)
     assert task is held_out and data_rows(plan.data) is None
-    assert builtin_tasks(_plan("data=rows.jsonl").data, 0) is None
+    assert builtin_tasks(_plan("data=rows.jsonl", "model=tiny-untrained").data, 0) is None
 
 
 def test_the_data_plan_is_frozen_pickles_and_renders_as_plain_yaml():

@@ -201,7 +201,9 @@ def test_algo_keys_take_text_as_their_type(tmp_path):
 def test_overlong_shaping_with_its_reward_listed_too_is_refused_before_anything_loads():
     with pytest.raises(ValueError, match="^algo.overlong_shaping adds the soft_overlong reward itself"):
         build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]"])
-    assert build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5]", "overlong_shaping=false"])
+    # listed alone it takes its lengths itself (without them the reward could score nothing: the rule rewards)
+    assert build_config("dapo", overrides=["rewards=[task,soft_overlong:0.5:max_len=48,cache=8]",
+                                           "overlong_shaping=false"])
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -280,3 +282,116 @@ def test_a_refused_config_is_a_config_error_naming_the_keys_as_the_user_writes_t
     with pytest.raises(ConfigError, match=message) as raised:
         build_config(overrides=overrides)
     assert isinstance(raised.value, ValueError) and "AlgoConfig" not in str(raised.value)
+
+
+def _leaf_error(check, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as raised:
+        check(*args, **kwargs)
+    return str(raised.value)
+
+
+def _config_error(overrides: list[str]) -> str:
+    from grpoplus.config import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        build_config(overrides=overrides)
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def _leaf_checks():
+    """(leaf check, its arguments, the config that asks it the same): a refusal stated once, in the leaf that guards
+    its Python callers, and asked by the config's rule with the config's values."""
+    import torch
+
+    from grpoplus.core.endpoints import cluster_address
+    from grpoplus.learner.replay import check_replay_checkpointing, check_replay_source
+    from grpoplus.rewards.pipeline import pool_size
+    from grpoplus.rewards.prm import check_step_separator
+    from grpoplus.rollout.base import check_max_num_seqs
+    from grpoplus.rollout.quantize import check_quantization
+    from grpoplus.rollout.vllm_engine import check_vllm_options
+    from grpoplus.sft.builtin import check_builtin_demos
+
+    return [
+        (check_quantization, ("fp8", "cpu"), ["quantization=fp8"]),
+        (check_quantization, ("int8", "cuda"), ["quantization=int8", "learner.device=cuda"]),
+        (check_quantization, ("int8", "cpu", torch.bfloat16), ["quantization=int8", "precision=bf16_mixed"]),
+        (check_vllm_options, ("bf16_rounded", torch.float32, {}, 0), ["rollout.engine=vllm", "quantization=bf16_rounded"]),
+        (check_vllm_options, ("int8", torch.float32, {}, 0), ["rollout.engine=vllm", "quantization=int8"]),
+        (check_max_num_seqs, (-1,), ["rollout.max_num_seqs=-1"]),
+        (check_replay_source, ("r2", "rollout"), ["routing_replay=r2", "logp_old=rollout"]),
+        (check_replay_checkpointing, ("r3", True), ["routing_replay=r3", "gradient_checkpointing=true"]),
+        (cluster_address, ("10.0.0.1",), ["cluster=ray", "ray.address=10.0.0.1"]),
+        (pool_size, ("many",), ["reward_workers=many"]),
+        (check_step_separator, ("",), ["prm=/some/prm", "turn_credit=process", "prm_step_separator=''"]),
+        (check_builtin_demos, ("wordproblems-calculator", "arithmetic"),
+         ["run.stage=sft", "sft.demos=wordproblems-calculator"]),
+    ]
+
+
+def test_a_refusal_a_leaf_makes_of_its_own_callers_is_the_config_rules_word_for_word():
+    # the condition and its sentence live once, in the leaf; the rule asks it with the config's values, so that the
+    # dry run refuses what the engine, the learner, the cluster or the pipeline would refuse minutes later
+    for check, args, overrides in _leaf_checks():
+        if overrides[0] == "cluster=ray":
+            pytest.importorskip("ray")
+        assert _leaf_error(check, *args) == _config_error(overrides), check.__name__
+
+
+def test_vllm_and_a_lora_rank_above_its_largest_is_the_engines_refusal():
+    pytest.importorskip("peft")
+    import torch
+
+    from grpoplus.rollout.vllm_engine import check_vllm_options
+
+    said = _leaf_error(check_vllm_options, "none", torch.float32, {}, 513)
+    assert said == _config_error(["rollout.engine=vllm", "lora_rank=513"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.max_num_seqs=-1"], r"^config key rollout.max_num_seqs must be >= 0 \(0 = the engine's choice\), got -1$"),
+    (["learner.model=tiny-foo"], r"^learner.model=tiny-foo: no built-in model 'tiny-foo': the built-in tiny models are "),
+    (["teacher=tiny-foo", "lambda_opd=1"], r"^learner.teacher=tiny-foo: no built-in model 'tiny-foo'"),
+    (["data=rows.jsonl"], r"^learner.model unset with data.data=rows.jsonl: the built-in tiny model is warm-started on "
+                          r"a built-in task, and a data set's run \(data.data\) names none: name a model directory"),
+    (["data=rows.jsonl", "model=tiny-moe"], r"^learner.model=tiny-moe with data.data=rows.jsonl: the built-in tiny "
+                                            r"model tiny-moe is warm-started on a built-in task"),
+    (["task=nosuch"], r"^data.task=nosuch: unknown task 'nosuch'; choose one of: arithmetic, countdown, "),
+    (["task=arithmetic", "difficulty=11"], r"^data.task=arithmetic, data.difficulty=11: arithmetic difficulty must be an "
+                                           r"integer in \[1, 10\], got 11$"),
+    (["task=guess", "difficulty=8"], r"^data.task=guess, data.difficulty=8: guess difficulty must be an integer in "
+                                     r"\[1, 7\], got 8$"),
+    (["task=countdown", "task_kwargs={n_tests: 3}"], r"^data.task=countdown, data.task_kwargs=\{'n_tests': 3\}: task "
+                                                     r"'countdown' does not take argument\(s\) n_tests; it takes: "),
+    (["task=countdown", "task_kwargs={n_train: -1}"], r"^data.task=countdown, data.task_kwargs=\{'n_train': -1\}: "
+                                                      r"countdown: n_train and n_test must be >= 0, got n_train=-1$"),
+    (["task=wordproblems"], r"^data.task=wordproblems writes chat prompts for an instruct model, and the built-in tiny "
+                            r"model \(learner.model\) has no chat template: pass --model"),
+    (["rewards=[task,nosuch]"], r"^data.rewards: unknown reward 'nosuch'; choose one of: "),
+    (["rewards=[task,format,format]"], r"^data.rewards: reward names must be unique, \['format'\] appear more than once$"),
+    (["rewards=[task,judge]"], r"^data.rewards: reward 'judge' needs url=, the server's base URL"),
+    (["rewards=[task,judge:url=http://h:8000/v1,min_score=5,max_score=1]"],
+     r"^data.rewards: reward 'judge': max_score=1 must be above min_score=5$"),
+    (["rewards=[task,reward_model]"], r"^data.rewards: reward_model needs path=DIR"),
+    (["rewards=[task,code:timeout_s=0]"], r"^data.rewards: run_python needs timeout_s > 0 and memory_mb > 0, got 0, 1024$"),
+    (["overlong_shaping=false", "rewards=[task,soft_overlong:max_len=8,cache=16]"],
+     r"^data.rewards: soft_overlong needs 0 < cache <= max_len, got cache=16, max_len=8$"),
+    (["overlong_shaping=false", "rewards=[task,soft_overlong]"], r"^data.rewards: reward 'soft_overlong' needs max_len= "
+                                                                  r"and cache= \(tokens\)"),
+    (["run.stage=sft", "model=some/dir", "data=rows.jsonl"], r"^run.stage=sft learns from demonstrations, and a data "
+                                                             r"set's rows \(data.data=rows.jsonl\) hold answers, not "
+                                                             r"worked demonstrations: give them as sft.demos"),
+])
+def test_what_a_leaf_would_refuse_after_loading_is_a_config_error_before(overrides, message):
+    # each was refused only where the task, the rewards, the policy or the demonstrations are built (a dry run passed)
+    assert re.search(message, _config_error(overrides)), overrides
+
+
+def test_what_the_refusals_of_the_task_and_the_rewards_leave_through():
+    assert build_config(overrides=["task=wordproblems", "chat_template=false", "difficulty=4"]).data.difficulty == 4
+    assert build_config(overrides=["task=wordproblems", "model=some/dir"]).learner.model == "some/dir"
+    assert build_config(overrides=["data=rows.jsonl", "model=tiny-untrained"]).data.data == "rows.jsonl"
+    assert build_config(overrides=["rewards=[task,judge:url=http://h:8000/v1]", "max_steps=2"]).data.rewards
+    assert build_config(overrides=["overlong_shaping=false", "rewards=[task,soft_overlong:max_len=48,cache=8]"])
+    assert build_config(overrides=["rollout.max_num_seqs=0"]).rollout.max_num_seqs == 0

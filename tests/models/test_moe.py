@@ -86,7 +86,7 @@ def test_load_policy_tiny_moe_builds_the_moe_warm_start(monkeypatch):
     model, tok = load_builtin("tiny-moe", "arithmetic")
     assert calls == ["moe"]  # the real recipe asks for the 'moe' size
     assert isinstance(model, Qwen3MoeForCausalLM) and tok.padding_side == "left"
-    with pytest.raises(ValueError, match="no model given"):
+    with pytest.raises(ValueError, match="is warm-started on a built-in task, and a data set's run"):
         load_builtin("tiny-moe", None)
 
 

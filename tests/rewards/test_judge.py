@@ -160,9 +160,10 @@ def test_no_server_is_one_line_naming_the_url():
 def test_parameters_no_sample_can_work_with_stop_at_once():
     with pytest.raises(JudgeConfigError, match="needs url="):
         judge_reward(["p"], ["r"])
-    [comp] = parse_reward_specs(["judge:url=http://127.0.0.1:9/v1,model=m,rubric=Be strict: 0 for a wrong answer"])
+    with pytest.raises(JudgeConfigError, match="rubric must be text, got dict"):  # as the specs are parsed already
+        parse_reward_specs(["judge:url=http://127.0.0.1:9/v1,model=m,rubric=Be strict: 0 for a wrong answer"])
     with pytest.raises(JudgeConfigError, match="rubric must be text, got dict"):
-        judge_reward(["p"], ["r"], **comp.kwargs)
+        judge_reward(["p"], ["r"], url="http://127.0.0.1:9/v1", model="m", rubric={"Be strict": 0})
     with pytest.raises(ValueError, match="min_score"):
         judge_reward(["p"], ["r"], url="http://127.0.0.1:9/v1", model="m", min_score=5, max_score=5)
     with stub_server(lambda n, r: (200, "Score: 1"), models=("a", "b")) as (url, server):

@@ -141,6 +141,7 @@ def test_the_dry_run_renders_a_supervised_stage(capsys):
 
     assert print_dry_run(None, None, ["run.stage=sft", "sft.demos=wordproblems-calculator", "data.task=wordproblems",
                                       "data.tools=[calculator]", "learner.model=tiny-untrained",
+                                      "data.chat_template=false",
                                       "sft.demos_per_step=8"], None) == 0
     out = capsys.readouterr().out
     assert "stage      supervised (run.stage=sft)" in out

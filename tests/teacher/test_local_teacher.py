@@ -126,7 +126,8 @@ def test_a_bf16_mixed_teacher_stores_its_linears_in_bf16_and_scores_as_the_float
     (["teacher=/some/dir"], "loaded for nothing"),
     (["teacher=http://127.0.0.1:9/v1", "distill_loss=gjsd"], "an endpoint"),
     (["teacher=/some/dir", "distill_loss=reverse_kl", "data_parallel=2", "strategy=fsdp2"], "replicated learners"),
-    (["teacher=tiny-teacher", "lambda_opd=1", "data=rows.jsonl"], "warm-started on a built-in task"),
+    (["teacher=tiny-teacher", "lambda_opd=1", "data=rows.jsonl", "model=some/dir"],
+     "^learner.teacher=tiny-teacher with data.data=rows.jsonl: .* is warm-started on a built-in task"),
     (["teacher=tiny-untrained", "lambda_opd=1"], "knows nothing to teach"),
     (["run.stage=sft", "sft.demo_model=tiny-untrained"], "knows nothing to teach"),
 ])
