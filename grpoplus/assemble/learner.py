@@ -21,6 +21,7 @@ from grpoplus.learner.replay import check_replay
 from grpoplus.models.cpu_matmul import route
 from grpoplus.models.device import compute_device
 from grpoplus.models.freeze import freeze
+from grpoplus.models.memory import AUTO_ROWS, auto_token_budget
 from grpoplus.plan.run import LearnerRolePlan
 from grpoplus.teacher import load_teacher
 
@@ -90,9 +91,13 @@ def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: t
         require_checkpointable(model)
     routing = check_replay(update.routing_replay, model)
     compile_mode = check_compile(update.compile != "off", update.compile, model, routing is not None)
-    return LearnerPlan(**{**dataclasses.asdict(update), "packing": check_packing(update.packing, model),
-                          "compile": compile_mode or "off"}, seed=role.process.seed, routing_spec=routing,
-                       reward_weights=rewards)
+    fields = {**dataclasses.asdict(update), "packing": check_packing(update.packing, model), "compile": compile_mode
+              or "off"}
+    row_tokens = fields.pop("row_tokens")
+    if update.micro_batch_size == "auto":  # sized now, on the memory left with the model, reference and teacher loaded
+        fields.update(micro_batch_size=AUTO_ROWS, micro_batch_tokens=auto_token_budget(
+            model, update.precision, update.gradient_checkpointing, row_tokens))
+    return LearnerPlan(**fields, seed=role.process.seed, routing_spec=routing, reward_weights=rewards)
 
 
 def build_rank_model(role: LearnerRolePlan, device: str | None = None, rank: int = 0) -> torch.nn.Module | None:

@@ -57,7 +57,7 @@ def _rank_micro_batches(cfg: Config) -> tuple[int, int | None]:
     the configured one does not, else None); a token budget's count varies per batch, so it is not judged."""
     lrn = cfg.learner
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.num_minibatches
-    if lrn.micro_batch_tokens or -(-rows // lrn.micro_batch_size) >= lrn.data_parallel:
+    if lrn.micro_batch_tokens or lrn.micro_batch_size == "auto" or -(-rows // lrn.micro_batch_size) >= lrn.data_parallel:
         return rows, None
     return rows, max(1, rows // lrn.data_parallel)
 
@@ -104,9 +104,10 @@ def _positive_sizes(cfg: Config) -> None:
     at least 1; trace counts, budgets and the engine's sequences at once (rollout.max_num_seqs) are not negative."""
     from grpoplus.rollout.base import check_max_num_seqs  # the engines' own check
 
+    micro = cfg.learner.micro_batch_size
     positive = {"run.max_steps": cfg.run.max_steps, "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
                 "rollout.group_size": cfg.rollout.group_size, "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-                "learner.micro_batch_size": cfg.learner.micro_batch_size, "data.eval_size": cfg.data.eval_size}
+                "learner.micro_batch_size": 1 if micro == "auto" else micro, "data.eval_size": cfg.data.eval_size}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key {key} must be >= 1, got {value}")
@@ -120,6 +121,21 @@ def _positive_sizes(cfg: Config) -> None:
         raise ConfigError(f"config key data.max_prompt_tokens must be >= 1 (or null: the model's context minus "
                          f"rollout.max_new_tokens), got {cfg.data.max_prompt_tokens}")
     _as_config_error(check_max_num_seqs, cfg.rollout.max_num_seqs)
+
+
+@rule("auto_micro_batches")
+def _auto_micro_batches(cfg: Config) -> None:
+    """learner.micro_batch_size=auto sizes one learner process's micro-batches from its own free memory."""
+    lrn = cfg.learner
+    if lrn.micro_batch_size != "auto":
+        return
+    if lrn.micro_batch_tokens:
+        raise ConfigError(f"learner.micro_batch_size=auto chooses the micro-batches' token budget itself, but "
+                         f"learner.micro_batch_tokens={lrn.micro_batch_tokens} sets one: keep one of the two")
+    if lrn.data_parallel > 1 or cfg.run.cluster == "ray":
+        raise ConfigError("learner.micro_batch_size=auto sizes one learner process's micro-batches from its free "
+                         f"memory, but learner.data_parallel={lrn.data_parallel} and run.cluster={cfg.run.cluster} "
+                         "make ranks that must agree on them: set a number (or learner.micro_batch_tokens)")
 
 
 @rule("health")

@@ -229,8 +229,10 @@ class LearnerConfig:
     """constant | cosine | linear (after warm-up, over all optimizer steps of the run)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm of each optimizer step to this."""
-    micro_batch_size: int = 64
-    """Responses per forward/backward; gradients are accumulated with exact normalisation."""
+    micro_batch_size: int | Literal["auto"] = 64
+    """Responses per forward/backward; gradients are accumulated with exact normalisation. auto: micro-batches by a
+    token budget (as learner.micro_batch_tokens) chosen when the learner starts, the most tokens whose kept activations
+    fit in the device's free memory beside the optimizer state still to come (one learner process)."""
     micro_batch_tokens: int = 0
     """> 0: form micro-batches by a token budget instead (rows x padded width <= this; rows of similar
     length together, so little padding is computed); 0 = micro_batch_size rows in order."""

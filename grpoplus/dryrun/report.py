@@ -123,9 +123,24 @@ def _tokens(run: DryRun) -> list[str]:
         lines.append(f"  dynamic sampling: up to {t.max_rounds} rounds per step (refills draw only the groups "
                      "still missing)")
     micro = (f"micro-batches by a budget of {update.micro_batch_tokens} tokens" if update.micro_batch_tokens else
+             _auto_micro(run) if update.micro_batch_size == "auto" else
              f"{t.micro_batches} micro-batch(es) of learner.micro_batch_size={update.micro_batch_size}")
     lines.append(f"  optimizer steps per rollout batch: {t.updates_per_batch} ({algo.num_iterations} iteration(s) x "
                  f"{algo.num_minibatches} mini-batch(es) of {t.minibatch_rows} responses, each {micro})")
     lines.append(f"  the run: {plan.loop.max_steps} rollout batches, {plan.loop.max_steps * t.updates_per_batch} "
                  "optimizer steps")
     return lines
+
+
+def _auto_micro(run: DryRun) -> str:
+    """learner.micro_batch_size=auto: the token budget is chosen at the learner's start from its free memory; what a
+    token of this policy keeps is known here (:func:`grpoplus.models.footprint.activation_bytes_per_token`)."""
+    from grpoplus.models.footprint import activation_bytes_per_token
+
+    update, arch = run.plan.learner.update, run.policy.arch
+    if arch is None:
+        return ("micro-batches by a token budget chosen at the start from the free memory (the architecture's "
+                "activations unknown here)")
+    per_token = activation_bytes_per_token(arch, update.precision, update.gradient_checkpointing)
+    return (f"micro-batches by a token budget chosen at the start from the free memory: {per_token / 1024:.0f} KiB of "
+            f"activations per token, about {int(1e9 / per_token):,} tokens per GB left")

@@ -51,7 +51,8 @@ def token_budget(plan: RunPlan) -> Tokens:
     c, algo, update = plan.collection, plan.learner.algo, plan.learner.update
     rows = c.prompts_per_step * c.group_size
     minibatch = rows // algo.num_minibatches
-    micro = -(-minibatch // update.micro_batch_size) if not update.micro_batch_tokens else 0
+    by_rows = not update.micro_batch_tokens and update.micro_batch_size != "auto"
+    micro = -(-minibatch // update.micro_batch_size) if by_rows else 0
     mean, longest, source, fit = prompt_lengths(plan)
     return Tokens(rows, c.response_budget, c.env is not None, mean, longest, source, fit,
                   algo.max_sampling_rounds if algo.dynamic_sampling else 1, algo.updates_per_batch, minibatch, micro)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from grpoplus.models.sizes import ModelSize
+from grpoplus.models.sizes import Arch, ModelSize
 
 FP32, GRADIENT, ADAMW = 4, 4, 8
 """Bytes per parameter of a float32 weight, its float32 gradient and AdamW's two float32 moments."""
@@ -177,6 +177,30 @@ def vllm_items(fp: Footprint, size: ModelSize) -> list[Item]:
         kv = int(extra.get("kv_cache_memory_bytes", VLLM_CPU_KV_BYTES))
         items.append(Item("vLLM's KV cache (kv_cache_memory_bytes)", kv))
     return items
+
+
+ACTIVATION_VALUES = (10, 4, 2)
+"""Values a decoder layer keeps for its backward per token, as multiples of (hidden, intermediate, key/value width):
+counted from the tensors autograd saves in a Llama-style layer's training forward (SDPA attention: no [T, T] scores),
+fitted over seven shapes at 9.3 h + 4.0 i + 2.0 kv - 227 and rounded up (``benchmarks/activation_memory.py``)."""
+ACTIVATION_BYTES = {"fp32": 4.0, "bf16_mixed": 3.0}
+"""Bytes per kept value: float32; under bfloat16 autocast the matmuls' inputs in bfloat16, the residual stream and
+the norms in float32 (counted: 0.59-0.71 of float32's bytes, the most for a wide hidden state)."""
+HEAD_BYTES = (256 + 64) << 20  # the chunked head's kept softmax and its work chunk, at most (learner.logprobs)
+
+
+def activation_bytes_per_token(arch: Arch, precision: str, checkpointing: bool) -> float:
+    """Bytes a training forward keeps per token until its backward: every layer's kept values, or under gradient
+    checkpointing each layer's float32 input and one layer's values (the layer being recomputed)."""
+    a, b, c = ACTIVATION_VALUES
+    layer = (a * arch.hidden + b * arch.intermediate + c * arch.kv_heads * arch.head_size) * ACTIVATION_BYTES[precision]
+    return arch.layers * arch.hidden * FP32 + layer if checkpointing else arch.layers * layer
+
+
+def token_budget(free: int, pending: int, per_token: float) -> int:
+    """The tokens of a micro-batch whose kept activations fit in ``free`` bytes (of which MARGIN's share is left as
+    slack) beside ``pending`` bytes the first update still allocates (gradients, AdamW's moments) and the head's."""
+    return max(0, int((free / MARGIN - pending - HEAD_BYTES) // per_token))
 
 
 def total(items: list[Item]) -> int | None:

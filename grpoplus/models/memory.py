@@ -135,3 +135,40 @@ def check_fits(size: ModelSize, device: str | torch.device, footprint: Footprint
     raise ValueError(
         f"model {name!r} has {params / 1e9:.2f}B parameters: {what} needs about {need / gb:.1f} GB ({held}; "
         f"+{MARGIN - 1:.0%} for activations) but {free / gb:.1f} GB is available on {device.type}; use {hint}")
+
+
+AUTO_ROWS = 1 << 30  # learner.micro_batch_size=auto: no row cap; the token budget bounds each micro-batch
+
+
+def auto_token_budget(model: torch.nn.Module, precision: str, checkpointing: bool, row_tokens: int = 0) -> int:
+    """``learner.micro_batch_size=auto``: the most tokens (rows x padded width) a micro-batch may take, from the
+    device's free memory now (the model, its reference and teacher loaded), less the gradients and AdamW moments its
+    first update still allocates and the head's working memory, over the activations a token keeps
+    (:func:`grpoplus.models.footprint.activation_bytes_per_token`). Refused in one line, with the figures, when the
+    longest row (``row_tokens``; 0: the model's context) does not fit, or the architecture is not one it can size."""
+    import sys
+
+    from grpoplus.data.lengths import model_context
+    from grpoplus.models.device import compute_device
+    from grpoplus.models.footprint import activation_bytes_per_token, token_budget
+    from grpoplus.models.sizes import arch_from_config
+
+    arch = arch_from_config(model.config.to_dict())
+    if arch is None:
+        raise ValueError(f"learner.micro_batch_size=auto sizes the activations of Llama-style decoders, not this "
+                         f"{model.config.model_type!r} model: set learner.micro_batch_size to a number")
+    device = compute_device(model)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    pending = sum(3 * p.numel() * p.element_size() for p in trained)  # a gradient and two moments per weight
+    free, per_token = available_bytes(device), activation_bytes_per_token(arch, precision, checkpointing)
+    budget, longest = token_budget(free, pending, per_token), row_tokens or model_context(model.config) or 0
+    gb = 1e9
+    figures = (f"{free / gb:.1f} GB free on {device.type}, {pending / gb:.2f} GB of gradients and AdamW moments to "
+               f"come, {per_token / 1024:.0f} KiB of activations per token")
+    if budget < max(longest, 1):
+        raise ValueError(f"learner.micro_batch_size=auto: {figures} leave room for {budget} tokens, fewer than the "
+                         f"longest row's {longest}: free memory, shorten rows (data.max_prompt_tokens, "
+                         "rollout.max_new_tokens), or turn on learner.gradient_checkpointing")
+    print(f"grpoplus: learner.micro_batch_size=auto: micro-batches of up to {budget} tokens ({figures})",
+          file=sys.stderr)
+    return budget

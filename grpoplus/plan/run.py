@@ -12,7 +12,7 @@ import yaml
 
 from grpoplus import algo as A
 from grpoplus.algo.config import AlgoConfig
-from grpoplus.config import Config
+from grpoplus.config import Config, response_budget
 from grpoplus.models.footprint import Footprint
 from grpoplus.models.memory import EAGER_TRIM_LAYERS
 from grpoplus.plan import placement as where
@@ -104,7 +104,7 @@ class UpdatePlan:
     reward pipeline its weights: :class:`grpoplus.learner.prepare.LearnerPlan`)."""
 
     temperature: float
-    micro_batch_size: int
+    micro_batch_size: int | str  # rows per forward/backward, or "auto": a token budget from the free memory at start
     max_grad_norm: float
     logp_old: str  # where pi_old comes from, decided here once (learner.prepare.logp_old_mode)
     micro_batch_tokens: int
@@ -119,6 +119,8 @@ class UpdatePlan:
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: str = "auto"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
     compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
+    row_tokens: int = 0  # the longest row a micro-batch takes (data.max_prompt_tokens + the response budget; 0: the
+    # model's context): what an auto budget must hold at least
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,7 +317,8 @@ def update_plan(cfg: Config) -> UpdatePlan:
         gradient_checkpointing=lrn.gradient_checkpointing,
         trim_every=EAGER_TRIM_LAYERS if memory == "eager" else 0, release_after_update=memory != "off",
         precision=lrn.precision, sharded=lrn.sharded, objective="sft" if sft else "policy", packing=packing_mode(cfg),
-        compile=lrn.compile_mode if lrn.compile else "off")
+        compile=lrn.compile_mode if lrn.compile else "off",
+        row_tokens=cfg.data.max_prompt_tokens + response_budget(cfg.data, cfg.rollout) if cfg.data.max_prompt_tokens else 0)
 
 
 def shares_prompts(cfg: Config) -> bool:
