@@ -135,7 +135,7 @@ def test_the_driver_side_parts_take_the_runs_seed_from_the_process_plan():
     # the process plan's, the one every process of the run (the driver's too) is set up from
     from grpoplus.plan import run
 
-    driver_parts = [f for f in dataclasses.fields(run.RunPlan) if f.name not in ("config", "learner", "rollout")]
+    driver_parts = [f for f in dataclasses.fields(run.RunPlan) if f.name not in ("settings", "learner", "rollout")]
     paths = [p for f in driver_parts for p in _field_paths(_plan_class(run, f.type), f"{f.name}.")]
     assert [p for p in paths if p.rsplit(".", 1)[-1] == "seed"] == []
     plan = _plan("run.seed=7")
