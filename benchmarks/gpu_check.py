@@ -14,7 +14,9 @@ is left of ``--budget-s`` (default 540 s, leaving time for a second try in a 15-
 
 1. ``grpoplus selftest --device cuda`` (``selftest.json``, ``selftest.log``);
 2. ``pytest -m gpu tests/gpu/test_gpu_paths.py`` (``pytest.log``; the selftest's checks ran in step 1);
-3. ``benchmarks/gpu_vs_trl.py``: TRL's GRPOTrainer and grpoplus alternated on the Qwen2.5-0.5B and -1.5B shapes
+3. ``benchmarks/activation_memory.py``: what the learner's forward keeps per token there, against the activation
+   model of ``learner.micro_batch_size=auto`` (``activation.jsonl``, ``activation.log``; seconds);
+4. ``benchmarks/gpu_vs_trl.py``: TRL's GRPOTrainer and grpoplus alternated on the Qwen2.5-0.5B and -1.5B shapes
    (``bench.jsonl``, ``bench.log``), each call only while the budget allows it (a call's estimate: the last one's
    time on that shape).
 
@@ -154,6 +156,13 @@ def run(out: Path, device: str, gpu_dir: Path, budget_s: float, tiny: bool) -> i
         failed += ["pytest -m gpu"] if code else []
         lines += ["", f"## pytest -m gpu ({secs:.0f} s, exit {code})", "", "```",
                   (text.strip().splitlines() or ["(no output)"])[-1], "```"]
+        code, secs, text = step("activation memory", [sys.executable, str(ROOT / "benchmarks" / "activation_memory.py"),
+                                                      "--device", device, *(["--shapes", "tiny"] if tiny else [])],
+                                env, out / "activation.log", budget, 60)
+        failed += ["activation memory"] if code else []
+        (out / "activation.jsonl").write_text("".join(f"{line}\n" for line in text.splitlines() if line.startswith("{")))
+        lines += ["", f"## Activation model against the counted bytes ({secs:.0f} s, exit {code})", "", "```",
+                  (text.strip().splitlines() or ["(no output)"])[-1], "```"]
         code, bench_lines = side_by_side(out, device, gpu_dir, env, budget, tiny)
         failed += ["side by side"] if code else []
         lines += ["", "## Side by side with TRL", "", *bench_lines]
@@ -189,8 +198,9 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
     for pair in range(rounds):
         for shape in (s for s in shapes if saved[s]):
             for side in ("trl", "grpoplus"):
+                profile = ["--profile", str(out / "profile")] if pair == 0 else []  # the first pair's tables
                 rc = call(f"{side} {shape} (pair {pair + 1})", [side, "--shape", shape, "--device", device,
-                                                                *(TINY if tiny else FULL)], shape, 300)
+                                                                *(TINY if tiny else FULL), *profile], shape, 300)
                 code = code or max(rc, 0)
     code = code or int(not all(saved.values()))
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \

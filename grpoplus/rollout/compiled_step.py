@@ -14,8 +14,10 @@ shapes on every call, so here a batch keeps them for its whole rollout:
 
 On a CPU the step compiles with inductor (oneDNN's reordered weights enter the graph through the opaque
 :func:`~grpoplus.rollout.decode_ops.packed_linear` op); on a GPU with ``mode="reduce-overhead"`` (CUDA graphs),
-untested so far. The compiled step is kept by the engine across rollouts; torch.compile makes it again for a new
-row count or capacity (then with those sizes dynamic). A compile or run failure prints one line and decodes eagerly from then on.
+untested so far. The compiled step is kept by the engine across rollouts. A batch's rows and positions are rounded up
+to buckets (:func:`bucket_rows`, :func:`bucket_capacity`; the rows added copy a real one and are never sampled), so
+rollouts of other prompt widths or a few rows more or less replay a graph already made rather than compiling (or,
+under CUDA graphs, capturing) a new one. A compile or run failure prints one line and decodes eagerly from then on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.rollout.decode_ops import PreallocatedLayer
+
+CAPACITY_STEP = 256
+"""A static batch's positions are rounded up to a multiple of this, so prompts of other widths reuse its graph."""
+ROW_STEP = 16
+"""A static batch's rows are rounded up to a power of two below this and to a multiple of it above: a refill round
+or an evaluation of a few rows more or less reuses a graph (the rows added copy a real row and are never sampled)."""
+
+
+def bucket_rows(n: int) -> int:
+    """The rows a static batch of ``n`` rows computes: 1, 2, 4, 8, 16, then multiples of :data:`ROW_STEP`."""
+    return 1 << (n - 1).bit_length() if n <= ROW_STEP else -(-n // ROW_STEP) * ROW_STEP
+
+
+def bucket_capacity(positions: int) -> int:
+    """The positions a static batch's cache holds for ``positions`` needed: a multiple of :data:`CAPACITY_STEP`."""
+    return -(-positions // CAPACITY_STEP) * CAPACITY_STEP
+
 
 STATIC_ATTENTION = ("sdpa",)
 """Attention implementations that take a boolean 4-d mask (True: attend), the form :class:`StaticRows` builds."""
@@ -91,7 +110,7 @@ class StaticRows:
     slots a view of them (:meth:`forward` returns the logits of the slots only, :meth:`keep` narrows them)."""
 
     def __init__(self, model, layers: list[PreallocatedLayer], masks: torch.Tensor, next_pos: torch.Tensor,
-                 length: int, step: CompiledStep):
+                 length: int, step: CompiledStep, rows: int | None = None):
         self.model, self.step, self.length = model, step, length
         self.position = torch.zeros(1, dtype=torch.long, device=masks.device)  # the column a step writes
         for buf in (b for layer in layers for b in layer.buffers):  # [n, kv_heads, capacity, head_dim]
@@ -101,7 +120,7 @@ class StaticRows:
         self.mask[..., length:] = False  # opened one column per step
         self.positions = next_pos.clone()  # [n, 1]
         self.tokens = next_pos.new_zeros(len(masks))  # [n] last token of every row
-        self.live = torch.arange(len(masks), device=masks.device)  # [m] row of each slot
+        self.live = torch.arange(rows or len(masks), device=masks.device)  # [m] row of each slot (padding rows: none)
 
     def forward(self, tok: torch.Tensor) -> torch.Tensor:
         """[m] tokens of the slots -> [m, V] next-token logits of the slots."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from grpoplus.containers import Rollouts, SamplingParams
 from grpoplus.models.device import autocast_to
@@ -31,8 +31,8 @@ from grpoplus.rollout.base import (
     check_request,
     encode_prompts,
 )
-from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, static_refusal
-from grpoplus.rollout.decode_ops import PreallocatedLayer, expand_to_rows, packed_linears, select_rows
+from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, bucket_capacity, bucket_rows, static_refusal
+from grpoplus.rollout.decode_ops import expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
 from grpoplus.rollout.sampling import sample_next
 from grpoplus.rollout.weights import WeightSource, module_of
@@ -129,13 +129,17 @@ def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: Comp
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
     expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
+    n, plain = len(expand), all(type(layer) is DynamicLayer for layer in cache.layers)
+    static = step is not None and plain
+    if static:  # a few shapes for every rollout: rows and positions in buckets (the rows added copy the last one)
+        capacity = bucket_capacity(capacity)
+        expand = torch.cat([expand, expand[-1:].expand(bucket_rows(n) - n)])
     masks = attention_mask.new_ones(len(expand), capacity)  # sampled columns are attended to
     masks[:, : input_ids.shape[1]] = attention_mask[expand]
     cache, next_pos, length = expand_to_rows(cache, expand, capacity), position_ids[expand, -1:] + 1, input_ids.shape[1]
-    static = step is not None and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
-    batch = StaticRows(model, cache.layers, masks, next_pos, length, step) if static else \
+    batch = StaticRows(model, cache.layers, masks, next_pos, length, step, rows=n) if static else \
         EagerRows(model, cache, masks, next_pos, length)
-    return DecodeState(batch, logits[expand], torch.arange(len(expand), device=input_ids.device))
+    return DecodeState(batch, logits[expand[:n]], torch.arange(n, device=input_ids.device))
 
 
 def sample_loop(s: DecodeState, params: SamplingParams, stop_ids, pad_id: int, generator):

@@ -6,7 +6,7 @@ import torch
 from grpoplus.config import build_config
 from grpoplus.models.tiny import tiny_model
 from grpoplus.rollout import EngineOptions, HFEngine, SamplingParams
-from grpoplus.rollout.compiled_step import forward_step
+from grpoplus.rollout.compiled_step import bucket_capacity, bucket_rows, forward_step
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -49,6 +49,29 @@ def test_compiled_step_gives_the_eager_rollouts_and_is_reused(model, tok, prompt
         assert_same_rollouts(compiled.generate(prompts, params, generator=seeded(seed)),
                              eager.generate(prompts, params, generator=seeded(seed)))
     assert not compiled.step.failed
+
+
+def test_rows_and_positions_come_in_buckets():
+    assert [bucket_rows(n) for n in (1, 2, 3, 5, 9, 16, 17, 33, 64, 65)] == [1, 2, 4, 8, 16, 16, 32, 48, 64, 80]
+    assert [bucket_capacity(p) for p in (1, 255, 256, 257, 600)] == [256, 256, 256, 512, 768]
+
+
+def test_rollouts_of_other_widths_and_row_counts_in_a_bucket_reuse_the_graph(model, tok, prompts, favour_eos):
+    # 16 rows, then 12 (a refill of three groups) and 16 again with the prompts one character wider: one bucket of
+    # rows and one of positions, so the step compiled for the first rollout serves the others, and the rows added to
+    # fill the bucket change no sampled token
+    from torch._dynamo.utils import counters
+
+    favour_eos(model, 2.5)
+    params = SamplingParams(n=4, max_new_tokens=10)
+    eager, compiled = HFEngine(model, tok), HFEngine(model, tok, EngineOptions(compile=True))
+    wider = [p.replace("=", " =") for p in prompts]
+    for i, batch in enumerate((prompts, prompts[:3], wider)):
+        assert_same_rollouts(compiled.generate(batch, params, generator=seeded(6)),
+                             eager.generate(batch, params, generator=seeded(6)))
+        if i == 0:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs and not compiled.step.failed
 
 
 def test_a_failing_compiled_step_goes_on_eagerly_in_one_line(model, tok, prompts, capsys):
