@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from grpoplus.learner.activation_checkpointing import checkpointable_layers
+from grpoplus.models.shape import attention_width, layer_configs
 
 PACKED_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "olmo3", "smollm3", "glm4", "granite", "gemma3_text",
@@ -144,15 +145,14 @@ def packed_cost(prompt_mask: torch.Tensor, response_mask: torch.Tensor, varlen: 
 
 
 def layer_flops(model: torch.nn.Module) -> tuple[float, float, bool]:
-    """(FLOPs per token through one decoder layer's weights, FLOPs per attention score, whether its packed attention
-    is varlen): 2 per weight (every weight counted, experts included), 4 x heads x head dim per score."""
+    """(FLOPs per token through a decoder layer's weights, FLOPs per attention score, whether its packed attention
+    is varlen): 2 per weight (every weight counted, experts included), 4 x heads x head dim per score, each the mean
+    over the layers (layers may differ: :mod:`grpoplus.models.shape`)."""
     config = model.config
-    layers = checkpointable_layers(model)
-    weights = sum(p.numel() for p in layers[0].parameters()) if layers else \
-        sum(p.numel() for p in model.parameters()) / max(1, getattr(config, "num_hidden_layers", 1))
-    heads = getattr(config, "num_attention_heads", 1)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2.0 * weights, 4.0 * heads * head_dim, getattr(config, "_attn_implementation", None) in VARLEN_ATTENTION
+    layers, kinds = checkpointable_layers(model), layer_configs(config)
+    weights = sum(p.numel() for layer in layers for p in layer.parameters()) / len(layers) if layers else \
+        sum(p.numel() for p in model.parameters()) / len(kinds)
+    return 2.0 * weights, 4.0 * attention_width(config), getattr(config, "_attn_implementation", None) in VARLEN_ATTENTION
 
 
 def packing_pays(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

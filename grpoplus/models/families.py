@@ -28,8 +28,10 @@ FAMILIES: dict[str, dict] = {
     "granite": dict(logits_scaling=2.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1),
     "olmo3": dict(sliding_window=WINDOW),
     "gemma3_text": dict(sliding_window=WINDOW, final_logit_softcapping=5.0, query_pre_attn_scalar=32),
+    # Gemma 4's real layout: its full-attention layers have a head size of their own (global_head_dim; transformers
+    # makes the config heterogeneous, per_layer_config), and per-layer inputs
     "gemma4_text": dict(sliding_window=WINDOW, final_logit_softcapping=5.0, vocab_size_per_layer_input=None,
-                        hidden_size_per_layer_input=16, per_layer_config={}),
+                        hidden_size_per_layer_input=16, global_head_dim=2 * HEAD_DIM),
     "qwen3_moe": dict(_EXPERTS),
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_EXPERTS, shared_expert_intermediate_size=64),

@@ -255,9 +255,11 @@ def _on_disk_size(name: str, path: Path) -> ModelSize:
 
 
 def arch_from_config(config: dict) -> Arch | None:
-    """The :class:`Arch` of a Llama-style config.json; None for another kind (mixture of experts, missing keys)."""
+    """The :class:`Arch` of a Llama-style config.json; None for another kind (mixture of experts, layers that differ,
+    missing keys)."""
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    if any(k not in config for k in keys) or config.get("num_experts") or config.get("num_local_experts"):
+    if any(k not in config for k in keys) or config.get("num_experts") or config.get("num_local_experts") or \
+            config.get("per_layer_config"):  # experts, or layers of different shapes (grpoplus.models.shape)
         return None
     heads = config["num_attention_heads"]
     return Arch(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], heads,
