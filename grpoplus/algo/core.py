@@ -120,8 +120,15 @@ def prepare_loss(
     cfg: AlgoConfig,
     *,
     generator: torch.Generator | None = None,
+    finished: Tensor | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, LossNorm]:
     """The normalisation hook: call ONCE per optimizer step on the whole mini-batch.
+
+    ``finished`` and ``entropy`` are deprecated (since 2026-11-27, see CHANGELOG.md): apply
+    :func:`~grpoplus.algo.filters.overlong_filter_mask` and :func:`~grpoplus.algo.filters.high_entropy_mask` to
+    ``mask`` first, as the learner's preparation does; given, they are applied here as before, with a
+    ``DeprecationWarning``.
 
     Applies every masking correction of ``cfg.corrections`` to ``mask`` (the loss mask the learner's
     preparation made: overlong filtering and the high-entropy mask are applied there, once per batch);
@@ -133,7 +140,7 @@ def prepare_loss(
     :class:`LossNorm` of the whole mini-batch (every learner rank computes it on the whole mini-batch; pass a
     micro-batch ``norm.rows(idx)``). All inputs are no-grad; ``advantages`` is [N] or [N, T].
     """
-    mask = mask.bool()
+    mask = _deprecated_filters(mask.bool(), cfg, finished, entropy)
     metrics: dict[str, Tensor] = {}
     if logp_old is None:
         if cfg.corrections or needs_token_selection(cfg):
@@ -152,6 +159,24 @@ def prepare_loss(
     norm.metrics = {k: float(v) for k, v in metrics.items()}
     norm.selected = select_tokens(cfg, adv, old, old, mask, generator)
     return mask, norm
+
+
+def _deprecated_filters(mask: Tensor, cfg: AlgoConfig, finished: Tensor | None, entropy: Tensor | None) -> Tensor:
+    """The overlong filter and the high-entropy mask as prepare_loss applied them before 2026-11-27."""
+    if finished is None and entropy is None:
+        return mask
+    import warnings
+
+    from grpoplus.algo.filters import high_entropy_mask, overlong_filter_mask
+
+    warnings.warn("prepare_loss(finished=..., entropy=...) is deprecated: apply grpoplus.algo.overlong_filter_mask "
+                  "and grpoplus.algo.high_entropy_mask to the mask first (CHANGELOG.md, 2026-11-27)",
+                  DeprecationWarning, stacklevel=3)
+    if cfg.overlong_filter and finished is not None:
+        mask = overlong_filter_mask(mask, finished).bool()
+    if cfg.entropy_mask_rho < 1.0 and entropy is not None:
+        mask = high_entropy_mask(entropy, mask, cfg.entropy_mask_rho).bool()
+    return mask
 
 
 def _require_roll(logp_roll: Tensor | None, cfg: AlgoConfig) -> Tensor:

@@ -72,3 +72,19 @@ def test_soft_overlong_default_cache_is_quarter_of_max_len():
     out = soft_overlong_penalty(torch.tensor([12, 13, 16, 17]), max_len=16, cache=None)
     torch.testing.assert_close(out, torch.tensor([0.0, -0.25, -1.0, -1.0]))
     assert AlgoConfig(max_len=16).cache_len == 4 and AlgoConfig(max_len=2).cache_len == 1
+
+
+def test_prepare_loss_still_takes_the_filters_it_took_before_with_a_deprecation_warning():
+    # a training loop written against the earlier signature keeps working: the same mask as filtering first
+    from grpoplus.algo import prepare_loss
+
+    cfg = AlgoConfig(overlong_filter=True, entropy_mask_rho=0.5)
+    g = torch.Generator().manual_seed(0)
+    mask, entropy = torch.ones(4, 6), torch.rand(4, 6, generator=g)
+    finished = torch.tensor([True, False, True, True])
+    logp_old, adv = -torch.rand(4, 6, generator=g), torch.randn(4, generator=g)
+    with pytest.warns(DeprecationWarning, match="apply grpoplus.algo.overlong_filter_mask"):
+        old_style, _ = prepare_loss(mask, logp_old, None, adv, cfg, finished=finished, entropy=entropy)
+    filtered = high_entropy_mask(entropy, overlong_filter_mask(mask, finished), 0.5)
+    new_style, _ = prepare_loss(filtered, logp_old, None, adv, cfg)
+    assert torch.equal(old_style, new_style) and 0 < int(new_style.sum()) < 18
