@@ -10,7 +10,8 @@ their difference over the tokens added is what a token keeps, the head's fixed s
     python benchmarks/activation_memory.py                       # CPU: float32 and bfloat16 autocast
     python benchmarks/activation_memory.py --device cuda         # a GPU (its SDPA kernels keep what they keep)
 
-One JSON line per shape and precision, then a summary line (the smallest and largest ratio). Runs in seconds.
+One JSON line per shape and precision, then a summary line (the smallest and largest ratio); ``--record [DIR]``
+stores them as a record (:mod:`records`). Runs in seconds.
 """
 
 from __future__ import annotations
@@ -65,14 +66,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--record", nargs="?", const="", default=None,
+                        help="store a record (command, figures, machine, commit, date) in this folder "
+                             "(default docs/results/records)")
     args = parser.parse_args()
     records = [measure(name, args.device, precision) for name in args.shapes.split(",")
                for precision in ("fp32", "bf16_mixed")]
     for record in records:
         print(json.dumps(record))
     ratios = [r["ratio"] for r in records]
-    print(json.dumps({"summary": "activation model / counted bytes per token", "device": args.device,
-                      "min_ratio": min(ratios), "max_ratio": max(ratios), "bounds": min(ratios) >= 1.0}))
+    summary = {"summary": "activation model / counted bytes per token", "device": args.device,
+               "min_ratio": min(ratios), "max_ratio": max(ratios), "bounds": min(ratios) >= 1.0}
+    print(json.dumps(summary))
+    if args.record is not None:
+        from records import write_record
+
+        path = write_record("activation_memory", {"rows": records, "summary": summary}, args.record or None,
+                            args.device)
+        print(json.dumps({"record": str(path)}))
 
 
 if __name__ == "__main__":

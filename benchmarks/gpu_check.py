@@ -157,7 +157,8 @@ def run(out: Path, device: str, gpu_dir: Path, budget_s: float, tiny: bool) -> i
         lines += ["", f"## pytest -m gpu ({secs:.0f} s, exit {code})", "", "```",
                   (text.strip().splitlines() or ["(no output)"])[-1], "```"]
         code, secs, text = step("activation memory", [sys.executable, str(ROOT / "benchmarks" / "activation_memory.py"),
-                                                      "--device", device, *(["--shapes", "tiny"] if tiny else [])],
+                                                      "--device", device, *(["--shapes", "tiny"] if tiny else []),
+                                                      "--record", str(out / "records")],
                                 env, out / "activation.log", budget, 60)
         failed += ["activation memory"] if code else []
         (out / "activation.jsonl").write_text("".join(f"{line}\n" for line in text.splitlines() if line.startswith("{")))

@@ -1,0 +1,71 @@
+"""A benchmark's stored record: the command that made it, its figures, the machine, the versions, the commit and the
+date, as one JSON file in ``docs/results/records/`` (what a results page quotes, and names).
+
+    from records import write_record
+    write_record("activation_memory", figures, args.record)   # -> docs/results/records/activation_memory-....json
+
+The machine is the CPU's vendor, model and vector flags (AVX-512 BF16 and AMX change the speed figures), or the GPU's
+name and memory where one ran; the commit is ``git rev-parse HEAD`` with ``+dirty`` when the tree had changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "docs" / "results" / "records"
+FIELDS = ("benchmark", "command", "figures", "machine", "versions", "commit", "date")
+"""What every record holds (tests/test_records.py checks the stored ones)."""
+
+
+def machine(device: str = "cpu") -> dict:
+    """The CPU (vendor, model, the flags that change speed figures, cores), and the GPU where ``device`` is one."""
+    from grpoplus.models.device import cpuinfo
+
+    flags = sorted(f for f in set(cpuinfo("flags").split()) if f.startswith(("avx2", "avx512", "amx")))
+    vendor = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(cpuinfo("vendor_id"), platform.machine())
+    found = {"cpu": cpuinfo("model name") or platform.processor(), "cpu_vendor": vendor, "cpu_flags": flags,
+             "cores": len(__import__("os").sched_getaffinity(0))}
+    if device.startswith("cuda"):
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        found |= {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 1e9, 1)}
+    return found
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def commit() -> str:
+    """HEAD's id, ``+dirty`` when the working tree differed from it; ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def write_record(benchmark: str, figures, folder: Path | str | None = None, device: str = "cpu") -> Path:
+    """Write one record of ``figures`` (what the benchmark printed) and return its path."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {"benchmark": benchmark, "command": " ".join(["python", *sys.argv]), "figures": figures,
+              "machine": machine(device), "versions": versions(), "commit": commit(),
+              "date": now.strftime("%Y-%m-%d %H:%M UTC")}
+    folder = Path(folder or RECORDS)
+    folder.mkdir(parents=True, exist_ok=True)
+    where = record["machine"].get("gpu", record["machine"]["cpu_vendor"]).lower().replace(" ", "-")
+    path = folder / f"{benchmark}-{now:%Y%m%d-%H%M}-{where}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
