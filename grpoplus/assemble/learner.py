@@ -51,7 +51,7 @@ def build_sharded_parts(role: LearnerRolePlan, whole: torch.nn.Module | None, gr
 
 def _parts(role: LearnerRolePlan, model: torch.nn.Module, ref_model: torch.nn.Module | None,
            mirror: torch.nn.Module | None = None) -> LearnerParts:
-    freeze(model, role.freeze)  # before the optimizer: frozen parameters get no state
+    freeze(model, role.policy.footprint.freeze)  # before the optimizer: frozen parameters get no state
     optimizer, scheduler = build_optimizer(role.optimizer, model)
     teacher = None if role.teacher is None else load_teacher(role.teacher, compute_device(model), role.update.precision,
                                                              role.policy.task, role.policy.difficulty)

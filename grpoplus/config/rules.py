@@ -222,23 +222,19 @@ def _sampler_weights(cfg: Config) -> None:
 def _as_config_error(check: Callable, *args, **kwargs):
     """``check(*args, **kwargs)``, a leaf's own check (for its Python callers too) asked with the config's values: its
     ``ValueError``, whose sentence names the config keys, as a :class:`ConfigError`."""
-    try:
-        return check(*args, **kwargs)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return _named("", check, *args, **kwargs)
 
 
 def _named(keys: str, check: Callable, *args, **kwargs):
     """``check(*args, **kwargs)``, a leaf's own check whose sentence does not name the config's keys: its
-    ``ValueError`` as a :class:`ConfigError` that starts with them (``keys``, e.g. ``"data.task=countdown"``)."""
+    ``ValueError`` as a :class:`ConfigError` that starts with them (``keys``, e.g. ``"data.task=countdown"``; empty:
+    the sentence as it is)."""
     try:
         return check(*args, **kwargs)
     except ConfigError:
         raise
     except ValueError as err:
-        raise ConfigError(f"{keys}: {err}") from None
+        raise ConfigError(f"{keys}: {err}" if keys else str(err)) from None
 
 
 @rule("freeze")

@@ -16,8 +16,10 @@ from grpoplus.models.footprint import (
     Item,
     engine_items,
     frozen_item,
+    param_bytes,
     policy_items,
     total,
+    whole_copy_item,
 )
 from grpoplus.models.sizes import ModelSize
 from grpoplus.plan import RunPlan
@@ -54,8 +56,8 @@ def estimate_memory(plan: RunPlan, policy: ModelSize, teacher: ModelSize | None,
                               learner_items(plan, policy, teacher, rank=1)))
     if where.cluster == "ray":
         devices.append(Device("the driver's host memory", "driver (loads the policy on its CPU to hand the weights "
-                              "out)", 1, [Item("the policy, fp32", _weights(policy)),
-                                          Item("its weights in Ray's object store", _weights(policy))]))
+                              "out)", 1, [Item("the policy, fp32", param_bytes(policy.params, FP32)),
+                                          Item("its weights in Ray's object store", param_bytes(policy.params, FP32))]))
     return devices
 
 
@@ -77,7 +79,7 @@ def _ray_devices(plan: RunPlan, policy: ModelSize, teacher: ModelSize | None, to
     if host:
         devices.append(Device("a rollout worker's host memory", "rollout worker's copy of the policy (vLLM starts from "
                               "it and takes the synced weights through it), each", where.rollout_workers,
-                              [Item("the policy, fp32", _weights(policy))]))
+                              [Item("the policy, fp32", param_bytes(policy.params, FP32))]))
     devices.append(Device(label, "learner rank 0", 1, learner_items(plan, policy, teacher, rank=0)))
     return devices
 
@@ -98,8 +100,8 @@ def learner_items(plan: RunPlan, policy: ModelSize, teacher: ModelSize | None, r
     """What learner rank ``rank`` keeps on its device: the trained policy (its shard; rank 0's whole copy beside it
     under fsdp2 unless that copy lives in host memory), the reference and the teacher."""
     fp = plan.learner.policy.footprint
-    fp = replace(fp, engine=None, own_copy=False, whole_copy=fp.whole_copy and rank == 0)
-    return policy_items(fp, policy) + _frozen_items(plan, policy, teacher)
+    return policy_items(replace(fp, whole_copy=fp.whole_copy and rank == 0), policy) + \
+        _frozen_items(plan, policy, teacher)
 
 
 def _frozen_items(plan: RunPlan, policy: ModelSize, teacher: ModelSize | None) -> list[Item]:
@@ -109,7 +111,7 @@ def _frozen_items(plan: RunPlan, policy: ModelSize, teacher: ModelSize | None) -
     if plan.learner.reference == "copy":
         if where.sharded:  # float32 shards, gathered in the compute dtype to run
             items.append(Item(f"reference, fp32, frozen, a 1/{where.shards} shard",
-                              None if policy.params is None else -(-policy.params // where.shards) * FP32))
+                              param_bytes(policy.params, FP32, where.shards)))
         else:
             items.append(frozen_item(precision, policy, "reference"))
     if teacher is not None:
@@ -122,8 +124,7 @@ def _host_copy_device(plan: RunPlan, policy: ModelSize) -> Device | None:
     if not plan.placement.whole_copy_in_host_memory:
         return None
     return Device("learner rank 0's host memory", "learner rank 0's whole-policy copy (checkpoints, weights to the "
-                  "engines)", 1, [Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
-                                       _weights(policy))])
+                  "engines)", 1, [whole_copy_item(policy)])
 
 
 def _engine_aside(plan: RunPlan, fp: Footprint, policy: ModelSize, tokens: Tokens, workers: int) -> list[str]:
@@ -157,10 +158,6 @@ def kv_cache_note(plan: RunPlan, policy: ModelSize, tokens: Tokens, workers: int
         "the whole batch at once" if workers == 1 else "a worker's share of the batch at once"
     return (f"KV cache, rough: {rows} rows x {length} tokens ({what}) x {per_token / 1024:.0f} KiB per token = "
             f"{gigabytes(rows * length * per_token)} ({at_once}; not in the total)")
-
-
-def _weights(size: ModelSize) -> int | None:
-    return None if size.params is None else size.params * FP32
 
 
 def gigabytes(size: int | None) -> str:

@@ -65,8 +65,8 @@ def _learner(plan: RunPlan) -> str:
     tuned = f"LoRA rank {plan.lora.rank} on {list(plan.lora.target_modules)}" if plan.lora.rank else "full fine-tuning"
     if lrn.policy.quantize != "none":
         tuned += f" over a frozen {lrn.policy.quantize} base (QLoRA: decoder layers' linear weights in 4-bit)"
-    if lrn.freeze:
-        tuned += f", {list(lrn.freeze)} kept frozen"
+    if lrn.policy.footprint.freeze:
+        tuned += f", {list(lrn.policy.footprint.freeze)} kept frozen"
     head = f"{n} rank(s), strategy {strategy}, precision {lrn.update.precision}, on {on}; {tuned}; "
     if plan.sft is not None:
         return (head + f"one optimizer step per {plan.sft.demos_per_step} demonstrations (the supervised stage: the "

@@ -61,12 +61,17 @@ def policy_items(fp: Footprint, size: ModelSize) -> list[Item]:
     """The policy as ``fp`` holds it: a frozen copy, LoRA over its base, or full fine-tuning; and rank 0's whole
     copy beside its shards."""
     if not fp.trains:
-        return [Item("the policy's weights, fp32", _bytes(size.params, FP32))]
+        return [Item("the policy's weights, fp32", param_bytes(size.params, FP32))]
     items = _adapted_items(fp, size) if fp.lora_rank else _trained_items(fp, size)
     if fp.whole_copy:
-        items.append(Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
-                          _bytes(size.params, FP32)))
+        items.append(whole_copy_item(size))
     return items
+
+
+def whole_copy_item(size: ModelSize) -> Item:
+    """A sharded learner's rank 0's whole copy of the policy (on its device, or in its host memory)."""
+    return Item("whole-policy copy, fp32 (rank 0 under fsdp2: engines and checkpoints read it)",
+                param_bytes(size.params, FP32))
 
 
 def process_items(fp: Footprint, size: ModelSize) -> list[Item]:
@@ -91,9 +96,9 @@ def _trained_items(fp: Footprint, size: ModelSize) -> list[Item]:
         note = f" of the {trained / 1e6:.1f}M trained parameters (learner.freeze)"
     elif fp.freeze:
         note = " (learner.freeze: which parameters are frozen is not known without the architecture: all counted)"
-    return [Item(f"weights, fp32 master{share}", _bytes(params, FP32, fp.shards)),
-            Item(f"gradients, fp32{note}{share}", _bytes(trained, GRADIENT, fp.shards)),
-            Item(f"AdamW moments (2), fp32{note}{share}", _bytes(trained, ADAMW, fp.shards))]
+    return [Item(f"weights, fp32 master{share}", param_bytes(params, FP32, fp.shards)),
+            Item(f"gradients, fp32{note}{share}", param_bytes(trained, GRADIENT, fp.shards)),
+            Item(f"AdamW moments (2), fp32{note}{share}", param_bytes(trained, ADAMW, fp.shards))]
 
 
 def _adapted_items(fp: Footprint, size: ModelSize) -> list[Item]:
@@ -110,10 +115,10 @@ def base_items(fp: Footprint, size: ModelSize) -> list[Item]:
     (grpoplus.models.qlora) and the rest (embeddings, norms, biases, an untied LM head) as loaded."""
     q, arch, params = fp.quantize, size.arch, size.params
     if q == "none":
-        return [Item("base weights, fp32, frozen", _bytes(params, FP32))]
+        return [Item("base weights, fp32, frozen", param_bytes(params, FP32))]
     if arch is None or params is None:
         return [Item(f"base weights, counted fp32 (which are {q} is not known without the architecture), frozen",
-                     _bytes(params, FP32))]
+                     param_bytes(params, FP32))]
     return [Item(f"base: decoder layers' linear weights in 4-bit {q} (with a float32 scale per block), frozen",
                  arch.four_bit_bytes()),
             Item("base: the rest (embeddings, norms, LM head), fp32, frozen", (params - arch.block_linear_weights()) * FP32)]
@@ -123,7 +128,7 @@ def frozen_item(precision: str, size: ModelSize, what: str) -> Item:
     """A frozen model on a learner rank (the reference, a teacher): float32, its linear weights stored in bfloat16
     under ``bf16_mixed`` (what autocast computes with)."""
     if precision == "fp32" or size.arch is None or size.params is None:
-        return Item(f"{what}, fp32, frozen", _bytes(size.params, FP32))
+        return Item(f"{what}, fp32, frozen", param_bytes(size.params, FP32))
     linear = size.arch.linear_parameters()
     return Item(f"{what}, frozen (linear weights in bfloat16)", linear * 2 + (size.params - linear) * FP32)
 
@@ -133,7 +138,7 @@ def engine_items(fp: Footprint, size: ModelSize) -> list[Item]:
     (``own_copy``), and the hf engine's working copies or vLLM's weights and (on a CPU) KV cache."""
     if fp.engine is None:
         return []
-    items = [Item("the sampler's own copy of the policy, fp32", _bytes(size.params, FP32))] if fp.own_copy else []
+    items = [Item("the sampler's own copy of the policy, fp32", param_bytes(size.params, FP32))] if fp.own_copy else []
     if fp.engine == "vllm":
         return items + vllm_items(fp, size)
     return items + (hf_items(fp, size) if fp.engine == "hf" else [])
@@ -150,15 +155,15 @@ def hf_items(fp: Footprint, size: ModelSize) -> list[Item]:
     items: list[Item] = []
     if fp.lora_rank and fp.quantize == "none":
         merged = arch.adapted_weights(list(fp.lora_targets)) if arch else None
-        items.append(Item("merged copy of the adapted layers (W + BA), fp32", _bytes(merged, FP32)))
+        items.append(Item("merged copy of the adapted layers (W + BA), fp32", param_bytes(merged, FP32)))
     if fp.quantization == "bf16_rounded":
-        items.append(Item("bf16-rounded copy of the weights (stored fp32)", _bytes(params, FP32)))
+        items.append(Item("bf16-rounded copy of the weights (stored fp32)", param_bytes(params, FP32)))
     elif fp.quantization == "int8":
-        items.append(Item("int8 copy of the linear weights", _bytes(linear, 1)))
+        items.append(Item("int8 copy of the linear weights", param_bytes(linear, 1)))
     elif not fp.on_gpus and dict(fp.engine_kwargs).get("pack_weights", True):
         which = "the LM head" if fp.quantize != "none" else "the linear weights"
         items.append(Item(f"oneDNN's reordered copy of {which}, while sampling",
-                          _bytes(linear, COMPUTE_BYTES[fp.precision])))
+                          param_bytes(linear, COMPUTE_BYTES[fp.precision])))
     return items
 
 
@@ -172,7 +177,7 @@ def vllm_items(fp: Footprint, size: ModelSize) -> list[Item]:
     ``kv_cache_memory_bytes`` says otherwise; on a GPU vLLM takes a share of the memory: the dry run notes it)."""
     extra, dtype = dict(fp.engine_kwargs), vllm_dtype(fp)
     base = "base weights" if fp.lora_rank else "weights"
-    items = [Item(f"vLLM's copy of the {base} ({dtype})", _bytes(size.params, VLLM_DTYPE_BYTES.get(dtype, 2)))]
+    items = [Item(f"vLLM's copy of the {base} ({dtype})", param_bytes(size.params, VLLM_DTYPE_BYTES.get(dtype, 2)))]
     if "kv_cache_memory_bytes" in extra or not fp.on_gpus:
         kv = int(extra.get("kv_cache_memory_bytes", VLLM_CPU_KV_BYTES))
         items.append(Item("vLLM's KV cache (kv_cache_memory_bytes)", kv))
@@ -209,6 +214,6 @@ def total(items: list[Item]) -> int | None:
     return None if None in sizes else sum(sizes)
 
 
-def _bytes(params: int | None, per: int, shards: int = 1) -> int | None:
+def param_bytes(params: int | None, per: int, shards: int = 1) -> int | None:
     """``per`` bytes for each parameter of a rank's share: the whole, or a shard of ceil(params / shards)."""
     return None if params is None else -(-params // shards) * per

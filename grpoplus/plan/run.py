@@ -151,7 +151,6 @@ class LearnerRolePlan:
     host_copy: bool  # a sharded rank 0 keeps its whole copy in host memory
     cpu_offload: bool
     collective_timeout_s: float
-    freeze: tuple[str, ...] = ()  # parameters kept frozen (learner.freeze)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,7 +356,7 @@ def learner_role(cfg: Config) -> LearnerRolePlan:
                            update=update_plan(cfg), algo=stage_algo(cfg), reference=reference_kind(cfg),
                            teacher=None if sft else lrn.teacher, ranks=lrn.data_parallel,
                            host_copy=where.whole_copy_in_host_memory(cfg), cpu_offload=lrn.cpu_offload,
-                           collective_timeout_s=lrn.collective_timeout_s, freeze=tuple(lrn.freeze))
+                           collective_timeout_s=lrn.collective_timeout_s)
 
 
 def engine_plan(cfg: Config) -> EnginePlan:
