@@ -16,9 +16,10 @@ is left of ``--budget-s`` (default 540 s, leaving time for a second try in a 15-
 2. ``pytest -m gpu tests/gpu/test_gpu_paths.py`` (``pytest.log``; the selftest's checks ran in step 1);
 3. ``benchmarks/activation_memory.py``: what the learner's forward keeps per token there, against the activation
    model of ``learner.micro_batch_size=auto`` (``activation.jsonl``, ``activation.log``; seconds);
-4. ``benchmarks/gpu_vs_trl.py``: TRL's GRPOTrainer and grpoplus alternated on the Qwen2.5-0.5B and -1.5B shapes
-   (``bench.jsonl``, ``bench.log``), each call only while the budget allows it (a call's estimate: the last one's
-   time on that shape).
+4. ``benchmarks/gpu_vs_trl.py``: TRL's GRPOTrainer and grpoplus alternated on the Qwen2.5-1.5B and -0.5B shapes
+   (``bench.jsonl``, ``bench.log``), grpoplus twice a pair (:data:`SIDES`: the compiled decode with the micro-batch
+   chosen from memory, then the defaults), each call only while the budget allows it (a call's estimate: the
+   longest on that shape so far).
 
 ``summary.md`` holds the environment, every check's line, the test summary, the benchmark's medians and ratios,
 and what the budget left out. The exit code is 1 when a step failed.
@@ -47,6 +48,9 @@ WHEELS = {  # import name -> requirement: what grpoplus and the benchmark import
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 SHAPES = ("qwen2.5-1.5b", "qwen2.5-0.5b")  # 1.5B first: every target applies to it
+SIDES = (("trl", []), ("grpoplus", ["rollout.compile=true", "learner.micro_batch_size=auto"]), ("grpoplus", []))
+"""Each pair's calls, in order: TRL; grpoplus with the compiled decode (CUDA graphs) and the micro-batch chosen from
+memory; grpoplus as the benchmark's defaults run it (the eager decode, 64-row micro-batches: the first GPU run's)."""
 TINY = ["--prompts", "2", "--group", "2", "--new-tokens", "8", "--steps", "3", "--warmup", "1"]
 FULL = ["--prompts", "32", "--group", "8", "--new-tokens", "256", "--steps", "3", "--warmup", "1"]
 
@@ -198,10 +202,11 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
                                            str(gpu_dir / "tokenizer")], shape, 180) == 0 for shape in shapes}
     for pair in range(rounds):
         for shape in (s for s in shapes if saved[s]):
-            for side in ("trl", "grpoplus"):
-                profile = ["--profile", str(out / "profile")] if pair == 0 else []  # the first pair's tables
-                rc = call(f"{side} {shape} (pair {pair + 1})", [side, "--shape", shape, "--device", device,
-                                                                *(TINY if tiny else FULL), *profile], shape, 300)
+            for side, overrides in SIDES:
+                profile = ["--profile", str(out / "profile")] if pair == 0 and (side == "trl" or overrides) else []
+                rc = call(f"{' '.join([side, *overrides])} {shape} (pair {pair + 1})",
+                          [side, "--shape", shape, "--device", device, *(TINY if tiny else FULL), *profile, *overrides],
+                          shape, 300)
                 code = code or max(rc, 0)
     code = code or int(not all(saved.values()))
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \

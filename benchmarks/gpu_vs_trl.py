@@ -308,8 +308,19 @@ def grpoplus_steps(a: argparse.Namespace, cfg, c, overrides: list[str]) -> dict:
             train_step(c, a.steps + 1)
         profile = profile_record(profiled, a, "grpoplus")
     model = c.learner.parts.model
-    return {"side": "grpoplus", "overrides": " ".join(overrides), "micro_batch": cfg.learner.micro_batch_size,
-            **measures(steps, times, a, model), **profile}
+    plan = getattr(c.learner, "plan", None)  # learner.micro_batch_size=auto: the token budget sized on the device
+    micro = {"micro_batch_tokens": plan.micro_batch_tokens} if cfg.learner.micro_batch_size == "auto" and plan else {}
+    rows = cfg.learner.micro_batch_size if isinstance(cfg.learner.micro_batch_size, int) else 0
+    return {"side": "grpoplus", "overrides": " ".join(overrides), "micro_batch": rows, **micro,
+            **measures(steps, times, a, model), **profile, **compiler_counts()}
+
+
+def compiler_counts() -> dict:
+    """What torch.compile did in this process: graphs compiled, and graphs compiled without the CUDA graphs asked
+    for (``rollout.compile`` on a GPU; 0 when they were captured)."""
+    from torch._dynamo.utils import counters
+
+    return {"dynamo_graphs": counters["stats"]["unique_graphs"], "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
 
 
 class ProfileStep(StepTimer):

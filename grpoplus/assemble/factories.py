@@ -192,6 +192,7 @@ def build_engine(engine: EnginePlan, model, tokenizer, seed: int, record_routing
     options = EngineOptions(quantization=engine.quantization, max_num_seqs=engine.max_num_seqs or None,
                             max_model_len=context_length(model), seed=seed, start_timeout_s=engine.timeout_s,
                             generate_timeout_s=engine.timeout_s, extra=dict(engine.kwargs), compile=engine.compile,
+                            release_memory=engine.release_memory,
                             dtype=COMPUTE_DTYPES[engine.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
     with phase(f"starting rollout engine {engine.name}"):

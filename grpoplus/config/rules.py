@@ -201,7 +201,7 @@ def _quantize(cfg: Config) -> None:
 @rule("sampler_weights")
 def _sampler_weights(cfg: Config) -> None:
     """The rollout engine can sample with the weights and options asked for: the hf engine's int8 kernels on a CPU in
-    float32 and its one option (rollout.engine_kwargs.pack_weights), vLLM with int8 or fp8 weights in bfloat16 and
+    float32 and its options (rollout.engine_kwargs pack_weights, cast_weights), vLLM with int8 or fp8 weights in bfloat16 and
     LoRA adapters up to vLLM's largest rank (each engine's own checks, asked with the config's values)."""
     from grpoplus.learner.precision import COMPUTE_DTYPES
 

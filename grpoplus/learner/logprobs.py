@@ -113,9 +113,18 @@ class ChunkedHeadLogProb(torch.autograd.Function):
                 with autocast_to(ctx.autocast, hidden.device):
                     d_hidden[rows] = mm(dz.to(weight.dtype), weight, ctx.onednn).to(hidden.dtype)
             if need_w:
-                part = mm(dz.T, h.to(lse.dtype), ctx.onednn)  # [V, H]
+                part = head_weight_grad(dz, h, ctx.autocast, ctx.onednn)  # [V, H]
                 d_weight = part if d_weight is None else d_weight.add_(part)
         return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None, None
+
+
+def head_weight_grad(dz: torch.Tensor, h: torch.Tensor, autocast: torch.dtype | None, onednn: bool) -> torch.Tensor:
+    """``dz^T h`` ([V, H], float32): the head's weight gradient from a chunk. On a GPU under bf16 autocast its
+    operands are rounded to bf16 and the product accumulates in float32 (``mm``'s ``out_dtype``): the tensor cores'
+    rate, and the rounding autocast gives every other layer's weight gradient; elsewhere float32 operands."""
+    if autocast == torch.bfloat16 and dz.is_cuda:
+        return torch.mm(dz.T.to(autocast), h.to(autocast), out_dtype=torch.float32)
+    return mm(dz.T, h.to(dz.dtype), onednn)
 
 
 def _autocast_state(device_type: str) -> torch.dtype | None:

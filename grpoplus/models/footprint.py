@@ -146,8 +146,9 @@ def engine_items(fp: Footprint, size: ModelSize) -> list[Item]:
 
 def hf_items(fp: Footprint, size: ModelSize) -> list[Item]:
     """The hf engine samples with the learner's own module; it adds a merged copy of the adapted layers (LoRA; not on
-    a 4-bit base, sampled as it is), a quantized copy, or on a CPU oneDNN's reordered copy of the linear weights
-    while it samples (of a 4-bit base: of its LM head)."""
+    a 4-bit base, sampled as it is), a quantized copy, on a CPU oneDNN's reordered copy of the linear weights
+    while it samples (of a 4-bit base: of its LM head), or on a GPU in bf16 a bf16 copy of them kept between rollouts
+    (:mod:`grpoplus.rollout.cast_weights`)."""
     arch, params = size.arch, size.params
     linear = arch.linear_parameters() if arch else params
     if fp.quantize != "none":
@@ -160,6 +161,10 @@ def hf_items(fp: Footprint, size: ModelSize) -> list[Item]:
         items.append(Item("bf16-rounded copy of the weights (stored fp32)", param_bytes(params, FP32)))
     elif fp.quantization == "int8":
         items.append(Item("int8 copy of the linear weights", param_bytes(linear, 1)))
+    elif fp.on_gpus and fp.precision == "bf16_mixed" and fp.quantize == "none" and \
+            dict(fp.engine_kwargs).get("cast_weights", "auto") is not False:
+        head = arch.vocab * arch.hidden if arch and arch.tied else 0  # a tied head gets its own copy
+        items.append(Item("bf16 copy of the linear weights, kept between rollouts", param_bytes(linear + head, 2)))
     elif not fp.on_gpus and dict(fp.engine_kwargs).get("pack_weights", True):
         which = "the LM head" if fp.quantize != "none" else "the linear weights"
         items.append(Item(f"oneDNN's reordered copy of {which}, while sampling",

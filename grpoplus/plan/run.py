@@ -134,6 +134,7 @@ class EnginePlan:
     kwargs: tuple[tuple[str, object], ...]
     precision: str
     compile: bool = False  # hf engine: one compiled decode step (rollout.compile)
+    release_memory: bool = False  # hf engine: its compiled step's static batches and graphs freed after each rollout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +364,8 @@ def engine_plan(cfg: Config) -> EnginePlan:
     r = cfg.rollout
     return EnginePlan(name=r.engine, quantization=r.quantization, max_num_seqs=r.max_num_seqs,
                       timeout_s=r.engine_timeout_s, kwargs=tuple(dict(r.engine_kwargs).items()),
-                      precision=cfg.learner.precision, compile=r.compile)
+                      precision=cfg.learner.precision, compile=r.compile,
+                      release_memory=cfg.run.release_memory != "off")
 
 
 def rollout_role(cfg: Config) -> RolloutRolePlan:

@@ -44,6 +44,9 @@ class EngineOptions:
     under autocast on bf16 weights, vLLM loads the weights in bf16)."""
     compile: bool = False
     """hf engine: decode with one compiled step at fixed shapes per batch (grpoplus.rollout.compiled_step)."""
+    release_memory: bool = False
+    """hf engine: ``offload`` (before each update) frees the compiled step's static batches and captured graphs
+    (``run.release_memory``); else they are kept for the next rollout."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. vLLM's gpu_memory_utilization), passed through as they are."""
 

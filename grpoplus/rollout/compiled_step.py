@@ -14,7 +14,9 @@ shapes on every call, so here a batch keeps them for its whole rollout:
 
 On a CPU the step compiles with inductor (oneDNN's reordered weights enter the graph through the opaque
 :func:`~grpoplus.rollout.decode_ops.packed_linear` op); on a GPU with ``mode="reduce-overhead"`` (CUDA graphs),
-untested so far. The compiled step is kept by the engine across rollouts. A batch's rows and positions are rounded up
+untested so far. The compiled step is kept by the engine across rollouts, with the tensors its static batches run on
+(:class:`StaticPool`: a bucket's next rollout writes into the same cache, mask and positions, so a captured graph
+replays as it is; ``run.release_memory`` frees them and the graphs before each update). A batch's rows and positions are rounded up
 to buckets (:func:`bucket_rows`, :func:`bucket_capacity`; the rows added copy a real one and are never sampled), so
 rollouts of other prompt widths or a few rows more or less replay a graph already made rather than compiling (or,
 under CUDA graphs, capturing) a new one. A compile or run failure prints one line and decodes eagerly from then on.
@@ -85,24 +87,72 @@ def forward_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Ten
                  **cache_kwargs(model, cache), use_cache=True).logits[:, -1]
 
 
+class StaticPool:
+    """The tensors a static batch reads and writes (every layer's cache, the mask, tokens, positions), one set per
+    shape, kept from one rollout to the next and marked as static addresses: a CUDA graph captured on them replays
+    without copying them in (and is captured at all: a graph that writes into an input it copies in is skipped),
+    and a bucket's next rollout replays it. :meth:`clear` frees them with the captured graphs."""
+
+    def __init__(self):
+        self.tensors: dict[tuple, torch.Tensor] = {}
+
+    def empty(self, name: str, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None
+              ) -> torch.Tensor:
+        """The kept tensor ``name`` of ``shape`` (``like``'s device, ``dtype`` or ``like``'s), uninitialised."""
+        dtype = dtype or like.dtype
+        key = (name, tuple(shape), dtype, like.device)
+        if key not in self.tensors:
+            self.tensors[key] = torch.empty(shape, dtype=dtype, device=like.device)
+            torch._dynamo.mark_static_address(self.tensors[key])
+        return self.tensors[key]
+
+    def clear(self) -> None:
+        cuda = any(t.is_cuda for t in self.tensors.values())
+        self.tensors.clear()
+        if cuda:  # the graphs captured on them hold their own memory pool
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+            reset_cudagraph_trees()
+
+
 class CompiledStep:
     """:func:`forward_step` compiled once per engine (``mode``: None for inductor's default, ``"reduce-overhead"``
-    for CUDA graphs); after a failure, :func:`forward_step` itself."""
+    for CUDA graphs), with the static batches' tensors it runs on (:class:`StaticPool`); after a failure,
+    :func:`forward_step` itself."""
 
     def __init__(self, mode: str | None = None):
         self.fn = torch.compile(forward_step, mode=mode)
         self.failed = False
+        self.pool = StaticPool()
+        self.graphs = mode == "reduce-overhead"  # CUDA graphs asked for, and not yet seen skipped
+
+    def release(self) -> None:
+        """Free the static batches and the graphs captured on them (``run.release_memory``: before each update)."""
+        self.pool.clear()
 
     def __call__(self, model, cache, tokens, positions, mask) -> torch.Tensor:
         if not self.failed:
             try:
-                return self.fn(model, cache, tokens, positions, mask)
+                skips = cudagraph_skips()
+                logits = self.fn(model, cache, tokens, positions, mask)
+                if self.graphs and cudagraph_skips() > skips:
+                    self.graphs = False
+                    print("grpoplus: rollout.compile: torch skipped CUDA graphs for the decode step (TORCH_LOGS="
+                          "cudagraphs says why); it runs compiled, a kernel launch per op", file=sys.stderr)
+                return logits
             except Exception as err:  # noqa: BLE001 (any compiler error: the run goes on eagerly)
                 self.failed = True
                 first = (str(err).strip().splitlines() or [""])[0][:200]
                 print(f"grpoplus: rollout.compile: the compiled decode step failed ({type(err).__name__}: {first}); "
                       "decoding eagerly from here", file=sys.stderr)
         return forward_step(model, cache, tokens, positions, mask)
+
+
+def cudagraph_skips() -> int:
+    """The graphs torch has compiled without CUDA graphs where they were asked for, in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 class StaticRows:
@@ -112,14 +162,16 @@ class StaticRows:
     def __init__(self, model, layers: list[PreallocatedLayer], masks: torch.Tensor, next_pos: torch.Tensor,
                  length: int, step: CompiledStep, rows: int | None = None):
         self.model, self.step, self.length = model, step, length
-        self.position = torch.zeros(1, dtype=torch.long, device=masks.device)  # the column a step writes
+        n, capacity = masks.shape
+        self.position = step.pool.empty("position", (1,), next_pos).fill_(0)  # the column a step writes
         for buf in (b for layer in layers for b in layer.buffers):  # [n, kv_heads, capacity, head_dim]
             buf[:, :, length:].zero_()  # attended under a False mask: weight 0, and 0 * (uninitialised NaN) is NaN
         self.cache = Cache(layers=[StaticRowsLayer(*layer.buffers, self.position) for layer in layers])
-        self.mask = masks.bool().clone()[:, None, None, :]  # [n, 1, 1, capacity]
+        self.mask = step.pool.empty("mask", (n, 1, 1, capacity), masks, torch.bool)  # [n, 1, 1, capacity]
+        self.mask.copy_(masks[:, None, None, :])
         self.mask[..., length:] = False  # opened one column per step
-        self.positions = next_pos.clone()  # [n, 1]
-        self.tokens = next_pos.new_zeros(len(masks))  # [n] last token of every row
+        self.positions = step.pool.empty("positions", next_pos.shape, next_pos).copy_(next_pos)  # [n, 1]
+        self.tokens = step.pool.empty("tokens", (n,), next_pos).zero_()  # [n] last token of every row
         self.live = torch.arange(rows or len(masks), device=masks.device)  # [m] row of each slot (padding rows: none)
 
     def forward(self, tok: torch.Tensor) -> torch.Tensor:

@@ -79,32 +79,35 @@ def _select_layer_rows(layer, indices: torch.Tensor) -> None:
         layer.batch_select_indices(indices)
 
 
-def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int) -> Cache:
+def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int, empty=None) -> Cache:
     """The prefilled cache of the distinct prompts copied to their sample rows, with room for ``capacity`` positions.
 
     Args:
         prefill: the cache after the prompts' forward ([b, kv_heads, P, head_dim] per layer).
         rows: [n] long, the prompt of each sample row.
         capacity: total positions per row (P + new tokens).
+        empty: ``empty(name, shape, like)`` -> the buffer ``name`` (``k3``: layer 3's keys), uninitialised; default a
+            new one (a compiled step's static batch takes its own kept buffers, :class:`~grpoplus.rollout.compiled_step.StaticPool`).
 
     Returns a cache of preallocated layers when every layer is a plain full-attention ``DynamicLayer``; otherwise
     the prefill cache itself, its plain layers preallocated in place and the others (a sliding window, the
     recurrent state of a linear-attention or Mamba layer) expanded to the rows (:func:`select_rows`).
     """
+    empty = empty or (lambda name, shape, like: like.new_empty(shape))
     if all(type(layer) is DynamicLayer for layer in prefill.layers):
-        return Cache(layers=[_preallocated(layer, rows, capacity) for layer in prefill.layers])
+        return Cache(layers=[_preallocated(layer, rows, capacity, empty, i) for i, layer in enumerate(prefill.layers)])
     for i, layer in enumerate(prefill.layers):
         if type(layer) is DynamicLayer:
-            prefill.layers[i] = _preallocated(layer, rows, capacity)
+            prefill.layers[i] = _preallocated(layer, rows, capacity, empty, i)
         else:
             _select_layer_rows(layer, rows)
     return prefill
 
 
-def _preallocated(layer: DynamicLayer, rows: torch.Tensor, capacity: int) -> PreallocatedLayer:
+def _preallocated(layer: DynamicLayer, rows: torch.Tensor, capacity: int, empty, index: int) -> PreallocatedLayer:
     buffers = []
-    for past in (layer.keys, layer.values):  # [b, kv_heads, P, head_dim]
-        buffers.append(past.new_empty(len(rows), past.shape[1], capacity, past.shape[3]))
+    for kind, past in (("k", layer.keys), ("v", layer.values)):  # [b, kv_heads, P, head_dim]
+        buffers.append(empty(f"{kind}{index}", (len(rows), past.shape[1], capacity, past.shape[3]), past))
         buffers[-1][:, :, : past.shape[2]] = past[rows]
     return PreallocatedLayer(*buffers, layer.get_seq_length())
 

@@ -31,6 +31,7 @@ from grpoplus.rollout.base import (
     check_request,
     encode_prompts,
 )
+from grpoplus.rollout.cast_weights import cast_copy, casts_linears, refresh_cast
 from grpoplus.rollout.compiled_step import CompiledStep, StaticRows, bucket_capacity, bucket_rows, static_refusal
 from grpoplus.rollout.decode_ops import expand_to_rows, packed_linears, select_rows
 from grpoplus.rollout.quantize import check_quantization, sampler_model
@@ -136,7 +137,8 @@ def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: Comp
         expand = torch.cat([expand, expand[-1:].expand(bucket_rows(n) - n)])
     masks = attention_mask.new_ones(len(expand), capacity)  # sampled columns are attended to
     masks[:, : input_ids.shape[1]] = attention_mask[expand]
-    cache, next_pos, length = expand_to_rows(cache, expand, capacity), position_ids[expand, -1:] + 1, input_ids.shape[1]
+    cache = expand_to_rows(cache, expand, capacity, step.pool.empty if static else None)
+    next_pos, length = position_ids[expand, -1:] + 1, input_ids.shape[1]
     batch = StaticRows(model, cache.layers, masks, next_pos, length, step, rows=n) if static else \
         EagerRows(model, cache, masks, next_pos, length)
     return DecodeState(batch, logits[expand[:n]], torch.arange(n, device=input_ids.device))
@@ -182,15 +184,28 @@ def compiled_step(model: torch.nn.Module, compile: bool) -> CompiledStep | None:
     return CompiledStep("reduce-overhead" if cuda else None)
 
 
-def hf_engine_kwargs(extra: dict) -> bool:
-    """``rollout.engine_kwargs`` of the hf engine: ``pack_weights`` (bool, default True) and nothing else."""
-    unknown = sorted(set(extra) - {"pack_weights"})
+@dataclass(frozen=True)
+class HFEngineKwargs:
+    """``rollout.engine_kwargs`` of the hf engine: ``pack_weights`` (true/false, default true: on a CPU, oneDNN's
+    reordered copy of the fp32 linear weights for each rollout) and ``cast_weights`` (auto/true/false, default auto:
+    a bf16 decode of fp32 weights on a GPU samples a bf16 copy of the linear weights, :mod:`~grpoplus.rollout.cast_weights`)."""
+
+    pack_weights: bool = True
+    cast_weights: str | bool = "auto"
+
+
+def hf_engine_kwargs(extra: dict) -> HFEngineKwargs:
+    """Check and read the hf engine's ``rollout.engine_kwargs`` (:class:`HFEngineKwargs`): a one-line error otherwise."""
+    unknown = sorted(set(extra) - {"pack_weights", "cast_weights"})
     if unknown:
-        raise ValueError(f"rollout.engine_kwargs {unknown}: the hf engine takes only pack_weights (true/false)")
-    pack = extra.get("pack_weights", True)
-    if not isinstance(pack, bool):
-        raise ValueError(f"rollout.engine_kwargs pack_weights must be true or false, got {pack!r}")
-    return pack
+        raise ValueError(f"rollout.engine_kwargs {unknown}: the hf engine takes only pack_weights (true/false) and "
+                         "cast_weights (auto/true/false)")
+    kwargs = HFEngineKwargs(**extra)
+    if not isinstance(kwargs.pack_weights, bool):
+        raise ValueError(f"rollout.engine_kwargs pack_weights must be true or false, got {kwargs.pack_weights!r}")
+    if not (kwargs.cast_weights == "auto" or isinstance(kwargs.cast_weights, bool)):
+        raise ValueError(f"rollout.engine_kwargs cast_weights must be auto, true or false, got {kwargs.cast_weights!r}")
+    return kwargs
 
 
 @ENGINES.register("hf")
@@ -210,7 +225,9 @@ class HFEngine:
             ``extra={"pack_weights": False}`` decodes with the weights as they are instead of oneDNN's
             reordered copy of every fp32 linear weight made for each rollout
             (:func:`~grpoplus.rollout.decode_ops.packed_linears`: ~3x faster decode GEMMs on a CPU, ~0.5 GB
-            more for SmolLM2 during a rollout).
+            more for SmolLM2 during a rollout); ``extra={"cast_weights": ...}``: whether a bf16 decode of fp32
+            weights samples a bf16 copy of the linear weights kept between rollouts (auto: on a GPU;
+            :mod:`~grpoplus.rollout.cast_weights`).
     """
 
     name = "hf"
@@ -230,8 +247,11 @@ class HFEngine:
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.version = 0
         self.record_routing = options.record_routing
-        self.pack_weights = hf_engine_kwargs(options.extra)
+        kwargs = hf_engine_kwargs(options.extra)
+        self.pack_weights, self.cast_weights = kwargs.pack_weights, kwargs.cast_weights
+        self.cast: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (module, its bf16-linear copy)
         self.step = compiled_step(model, options.compile)
+        self.release_memory = options.release_memory
         self.merged = None  # a LoRA policy's plain module with merged weights (grpoplus.models.lora)
         self.base = model  # takes weights that come from outside this process's modules
         self.model = self._sampler(model)
@@ -255,10 +275,21 @@ class HFEngine:
             else:
                 merge_into(self.merged, model)
             model = self.merged
-        return sampler_model(model, self.quantization)
+        model = sampler_model(model, self.quantization)
+        if self.quantization != "none" or not casts_linears(self.cast_weights, next(model.parameters()).device,
+                                                            self.dtype, model):
+            return model
+        if self.cast is None or self.cast[0] is not model:
+            self.cast = (model, cast_copy(model, self.dtype))
+        else:
+            refresh_cast(self.cast[1], model)
+        return self.cast[1]
 
     def offload(self) -> None:
-        """Nothing to free: the engine samples with the learner's module (or a small copy of it)."""
+        """Before an update: with ``run.release_memory``, the compiled step's static batches and captured graphs are
+        freed (the engine samples with the learner's module, or a small copy of it: nothing else to free)."""
+        if self.release_memory and self.step is not None:
+            self.step.release()
 
     def close(self) -> None:
         """Nothing to release: the engine lives in the learner's process."""

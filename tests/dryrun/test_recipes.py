@@ -300,3 +300,14 @@ def test_packing_with_shared_prompts_is_noted_as_computing_every_prompt():
     # auto weighs the shared prompts per micro-batch: nothing to warn of
     assert not any(note in n for n in dry_run(overrides=["learner.packing=auto"]).notes)
     assert not any(note in n for n in dry_run(overrides=["learner.packing=on", "learner.share_prompts=false"]).notes)
+
+
+def test_a_bf16_decode_on_a_gpu_counts_the_engines_bf16_copy_of_the_linear_weights():
+    # rollout.engine_kwargs.cast_weights=auto: the hf engine samples a bf16 copy of every linear weight (the tied LM
+    # head's included) kept between rollouts; cast_weights=false samples the float32 weights under autocast
+    base = ["learner.model=/models/SmolLM2-135M-Instruct", "precision=bf16_mixed", "learner.device=cuda"]
+    linear = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) + 49152 * 576
+    items = {i.what: i.bytes for i in dry_run(overrides=base).devices[0].items}
+    assert items["bf16 copy of the linear weights, kept between rollouts"] == linear * 2
+    off = dry_run(overrides=[*base, "rollout.engine_kwargs={cast_weights: false}"])
+    assert not any("bf16 copy" in i.what for i in off.devices[0].items)

@@ -124,3 +124,72 @@ def test_the_multi_turn_guess_task_trains_on_the_gpu(nano_dir, tmp_path):
     assert last["env/turns_max"] <= 4 and "env/return_mean" in last
     weights = load_file(next(latest_checkpoint(out).glob("*.safetensors")))
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def _rollouts(engine, seed: int):
+    from grpoplus.containers import SamplingParams
+
+    return engine.generate(F.PROMPTS, SamplingParams(n=4, max_new_tokens=24), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_compiled_decode_replays_cuda_graphs_and_samples_the_eager_rollouts(capsys):
+    # rollout.compile on a GPU: CUDA graphs captured on the kept static batch (not skipped by torch), the eager
+    # engine's tokens in float32, a second rollout of the bucket replaying the graph, and release_memory freeing it.
+    from torch._dynamo.utils import counters
+
+    from grpoplus.rollout import EngineOptions, HFEngine
+
+    F.ieee_fp32(CUDA)
+    model = F.nano(CUDA)
+    eager = HFEngine(model, F.tokenizer())
+    compiled = HFEngine(model, F.tokenizer(), EngineOptions(compile=True, release_memory=True))
+    skips = counters["inductor"]["cudagraph_skips"]
+    for seed in (1, 2):
+        a, b = _rollouts(eager, seed), _rollouts(compiled, seed)
+        assert torch.equal(a.response_ids, b.response_ids)
+        torch.testing.assert_close(a.logp_roll, b.logp_roll, atol=1e-4, rtol=0)
+    assert not compiled.step.failed and compiled.step.graphs
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert "rollout.compile" not in capsys.readouterr().err
+    compiled.offload()
+    assert compiled.step.pool.tensors == {}
+    assert torch.equal(_rollouts(compiled, 1).response_ids, _rollouts(eager, 1).response_ids)
+
+
+def test_a_bf16_decode_on_the_gpu_samples_a_bf16_copy_of_the_linear_weights():
+    # the default on a GPU (rollout.engine_kwargs.cast_weights=auto): bit for bit the rollouts of autocast over the
+    # float32 weights, with the copy refreshed in place at a sync
+    from grpoplus.rollout import EngineOptions, HFEngine
+
+    model = F.nano(CUDA)
+    cast = HFEngine(model, F.tokenizer(), EngineOptions(dtype=torch.bfloat16))
+    plain = HFEngine(model, F.tokenizer(), EngineOptions(dtype=torch.bfloat16, extra={"cast_weights": False}))
+    assert cast.model is not model and cast.model.lm_head.weight.dtype == torch.bfloat16 and plain.model is model
+    a, b = _rollouts(plain, 3), _rollouts(cast, 3)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logp_roll, b.logp_roll)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    cast.sync_weights(model, version=1)
+    assert torch.equal(cast.model.model.layers[0].mlp.up_proj.weight,
+                       model.model.layers[0].mlp.up_proj.weight.to(torch.bfloat16))
+
+
+def test_the_chunked_heads_weight_gradient_runs_in_bf16_on_the_gpu_close_to_float32():
+    # under bf16 autocast the head's d W = dz^T h takes bf16 operands with float32 accumulation (mm's out_dtype), as
+    # autocast computes every other weight's gradient: float32's gradient to bf16 rounding
+    from grpoplus.learner.logprobs import ChunkedHeadLogProb
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(300, 64, device=CUDA, generator=g)
+    weight = (torch.randn(500, 64, device=CUDA, generator=g) * 0.1).requires_grad_()
+    tokens = torch.randint(0, 500, (300,), device=CUDA, generator=g)
+    grads = []
+    for dtype in (None, torch.bfloat16):
+        weight.grad = None
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            logp, _ = ChunkedHeadLogProb.apply(hidden, weight, tokens, 1.0, False)
+        logp.sum().backward()
+        grads.append(weight.grad.clone())
+    assert grads[1].dtype == torch.float32
+    rel = (grads[1] - grads[0]).norm() / grads[0].norm()
+    assert 1e-6 < rel < 2e-2  # bf16's rounding, not float32's

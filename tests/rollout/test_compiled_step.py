@@ -112,3 +112,52 @@ def test_the_plan_carries_compile_to_the_engine():
     assert engine_plan(build_config("grpo", overrides=["rollout.compile=true"])).compile is True
     assert engine_plan(build_config("grpo")).compile is False
 
+
+
+def test_a_buckets_tensors_are_kept_for_the_next_rollout_and_freed_before_an_update(model, tok, prompts):
+    # A captured graph replays on the addresses it was captured on: a bucket's next rollout writes into the same
+    # cache, mask and positions (marked static, so a CUDA graph takes them as they are); run.release_memory frees
+    # them (and the graphs) before each update, and the next rollout is the same as before.
+    params = SamplingParams(n=4, max_new_tokens=6)
+    kept = uncompiled(HFEngine(model, tok, EngineOptions(compile=True)))
+    first = kept.generate(prompts, params, generator=seeded(7))
+    tensors = dict(kept.step.pool.tensors)
+    assert any(name.startswith("k") for name, *_ in tensors) and {"mask", "tokens", "positions"} <= {
+        name for name, *_ in tensors}
+    assert all(t._dynamo_static_input_type == "unguarded" for t in tensors.values())
+    kept.offload()  # run.release_memory=off: kept
+    kept.generate(prompts[:3], params, generator=seeded(7))  # 12 rows: the same bucket of 16
+    assert {k: id(t) for k, t in kept.step.pool.tensors.items()} == {k: id(t) for k, t in tensors.items()}
+    released = uncompiled(HFEngine(model, tok, EngineOptions(compile=True, release_memory=True)))
+    released.generate(prompts, params, generator=seeded(7))
+    released.offload()
+    assert released.step.pool.tensors == {}
+    assert_same_rollouts(released.generate(prompts, params, generator=seeded(7)), first)
+
+
+def test_the_plan_carries_release_memory_to_the_engine():
+    from grpoplus.plan.run import engine_plan
+
+    assert engine_plan(build_config("grpo")).release_memory is True  # run.release_memory=phases
+    assert engine_plan(build_config("grpo", overrides=["run.release_memory=off"])).release_memory is False
+
+
+def test_cuda_graphs_skipped_by_torch_are_said_in_one_line(model, tok, prompts, capsys):
+    # On a GPU the step is compiled for CUDA graphs; torch may compile it without them (an input it would have to
+    # copy in is written to, say) and only count it: the run says so once, and goes on with the compiled step.
+    from torch._dynamo.utils import counters
+
+    engine = uncompiled(HFEngine(model, tok, EngineOptions(compile=True)))
+    engine.step.graphs = True  # as on a GPU
+    plain = engine.step.fn
+
+    def skipping(*args):
+        counters["inductor"]["cudagraph_skips"] += 1
+        return plain(*args)
+
+    engine.step.fn = skipping
+    got = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5), generator=seeded(8))
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "grpoplus: rollout.compile: torch skipped CUDA graphs for the decode step (TORCH_LOGS=cudagraphs says why); "
+        "it runs compiled, a kernel launch per op"]
+    assert not engine.step.failed and got.response_mask.sum() > 0
