@@ -18,6 +18,7 @@ import copy
 
 import torch
 
+
 def casts_linears(choice: str | bool, device: torch.device, dtype: torch.dtype, model: torch.nn.Module) -> bool:
     """Whether the engine samples ``model`` through a bf16 copy of its linear weights: ``rollout.engine_kwargs``
     ``cast_weights`` true, or ``auto`` (the default): a bf16 decode of float32 linear weights on a GPU."""

@@ -16,8 +16,8 @@ On a CPU the step compiles with inductor (oneDNN's reordered weights enter the g
 :func:`~grpoplus.rollout.decode_ops.packed_linear` op); on a GPU with ``mode="reduce-overhead"`` (CUDA graphs),
 untested so far. The compiled step is kept by the engine across rollouts, with the tensors its static batches run on
 (:class:`StaticPool`: a bucket's next rollout writes into the same cache, mask and positions, so a captured graph
-replays as it is; ``run.release_memory`` frees them and the graphs before each update). A batch's rows and positions are rounded up
-to buckets (:func:`bucket_rows`, :func:`bucket_capacity`; the rows added copy a real one and are never sampled), so
+replays as it is; ``run.release_memory`` frees them and the graphs before each update). A batch's rows and positions
+are rounded up to buckets (:func:`bucket_rows`, :func:`bucket_capacity`; the rows added copy a real one and are never sampled), so
 rollouts of other prompt widths or a few rows more or less replay a graph already made rather than compiling (or,
 under CUDA graphs, capturing) a new one. A compile or run failure prints one line and decodes eagerly from then on.
 """

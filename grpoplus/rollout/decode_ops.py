@@ -87,7 +87,8 @@ def expand_to_rows(prefill: DynamicCache, rows: torch.Tensor, capacity: int, emp
         rows: [n] long, the prompt of each sample row.
         capacity: total positions per row (P + new tokens).
         empty: ``empty(name, shape, like)`` -> the buffer ``name`` (``k3``: layer 3's keys), uninitialised; default a
-            new one (a compiled step's static batch takes its own kept buffers, :class:`~grpoplus.rollout.compiled_step.StaticPool`).
+            new one (a compiled step's static batch takes its kept buffers:
+            :class:`~grpoplus.rollout.compiled_step.StaticPool`).
 
     Returns a cache of preallocated layers when every layer is a plain full-attention ``DynamicLayer``; otherwise
     the prefill cache itself, its plain layers preallocated in place and the others (a sliding window, the
