@@ -59,6 +59,9 @@ class Rollouts:
     # multi-turn trajectories: per row, "tool" or "env" for each observation (each run of model_mask 0s) in order:
     # a tool's result or the environment's own text (read by the traces); None: single turn
     observation_sources: list[list[str]] | None = None
+    # a vision-language policy's rows: per row, its prompt's processor outputs beyond the ids (pixels, per-token
+    # image marks: grpoplus.models.vision.VisionInputs, one object shared by a group's rows); None: text prompts
+    vision: list | None = None
 
     @property
     def env_returns(self) -> torch.Tensor | None:  # [N] float32
@@ -96,7 +99,8 @@ class Rollouts:
             policy_version=self.policy_version, routing=None if self.routing is None else self.routing[rows],
             model_mask=None if self.model_mask is None else self.model_mask[rows],
             turn_rewards=_pick(self.turn_rewards, rows), turn_ends=_pick(self.turn_ends, rows),
-            end_reasons=_pick(self.end_reasons, rows), observation_sources=_pick(self.observation_sources, rows))
+            end_reasons=_pick(self.end_reasons, rows), observation_sources=_pick(self.observation_sources, rows),
+            vision=_pick(self.vision, rows))
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
@@ -124,6 +128,7 @@ class Rollouts:
             torch.cat([_pad(p.sampled_mask, width_t, 0.0) for p in parts]),
             turn_rewards=_joined(parts, "turn_rewards"), turn_ends=_joined(parts, "turn_ends"),
             end_reasons=_joined(parts, "end_reasons"), observation_sources=_joined(parts, "observation_sources"),
+            vision=_joined(parts, "vision"),
         )
 
 
@@ -212,15 +217,19 @@ class TrainBatch:
     logp_ref: torch.Tensor | None  # [N, T]
     group_ids: torch.Tensor  # [N]
     routing: torch.Tensor | None = None  # [N, P + T, L, k] MoE experts: replayed (R2, R3) or measured against (off)
+    vision: list | None = None  # [N] a vision-language policy's rows: their images (Rollouts.vision)
 
     def rows(self, idx: torch.Tensor) -> "TrainBatch":
-        return self._map(lambda x: x[idx.to(x.device)])
+        picked = self._map(lambda x: x[idx.to(x.device)])
+        picked.vision = None if self.vision is None else [self.vision[i] for i in idx.tolist()]
+        return picked
 
     def to(self, device: torch.device) -> "TrainBatch":
         return self._map(lambda x: x.to(device))
 
     def _map(self, fn) -> "TrainBatch":
-        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else fn(x) for f in fields(self)})
+        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x if isinstance(x, list) else
+                             fn(x) for f in fields(self)})
 
 
 @dataclass

@@ -28,6 +28,7 @@ from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.cpu_matmul import mm, routes
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
+from grpoplus.models.vision import forward_inputs, vision_positions
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
 SAVED_SOFTMAX_BYTES = 256 << 20  # a head's whole [tokens, V] softmax is kept for its backward up to this size
@@ -221,8 +222,9 @@ def _scattered(values: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], s
 
 
 def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
-                 packed: PackedRows | None = None):
-    """logp (and entropy) [n, t1] from the model's own logits (architectures the head path does not cover)."""
+                 packed: PackedRows | None = None, extra: dict | None = None):
+    """logp (and entropy) [n, t1] from the model's own logits (architectures the head path does not cover);
+    ``extra``: a vision-language model's inputs beyond the ids (padded forwards only)."""
     if packed is not None:  # the logits of the M outputs that predict response tokens: [1, M, V]
         where = mask.bool().nonzero(as_tuple=True)
         logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
@@ -232,7 +234,7 @@ def _logits_path(model, input_ids, attention_mask, position_ids, tokens, mask, t
         return _scattered(logp_m, where, tokens.shape), _scattered(entropy_m, where, tokens.shape) if with_entropy else None
     t1 = tokens.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]
+                   use_cache=False, logits_to_keep=t1 + 1, **(extra or {})).logits[:, :-1]  # [n, t1, V]
     logp = TokenLogProb.apply(logits, tokens, temperature)
     mask = mask.to(logp.dtype)
     return logp * mask, token_entropy(logits.detach(), temperature) * mask if with_entropy else None
@@ -257,10 +259,15 @@ def trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask, min_res
 
 
 def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                  routing=None, share_prompts=False, packing=False):
+                  routing=None, share_prompts=False, packing=False, vision=None):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed,
-    or (``packing``: True, or "auto" where it computes less) every padding token left out."""
+    or (``packing``: True, or "auto" where it computes less) every padding token left out. ``vision``: a
+    vision-language model's rows (one :class:`~grpoplus.models.vision.VisionInputs` each): a padded forward of the
+    model's own logits with their images."""
     n, T = response_ids.shape
+    if vision is not None:
+        return _vision_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+                            vision)
     if packing == "auto":  # packed where that computes less (grpoplus.learner.packing.packing_pays)
         packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False)
     # share_prompts="always": two body passes whatever the rows (see response_logprobs)
@@ -286,6 +293,20 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
 
 
+def _vision_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy, vision):
+    n, T = response_ids.shape
+    input_ids, attention_mask, _, p0, t1 = trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    if t1 == 0:
+        zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
+        return zeros, zeros.clone() if with_entropy else None
+    extra = forward_inputs(vision, prompt_mask[:, p0:], t1)
+    position_ids = vision_positions(model, input_ids, attention_mask, extra)
+    logp, entropy = _logits_path(model, input_ids, attention_mask, position_ids, response_ids[:, :t1],
+                                 response_mask[:, :t1], temperature, with_entropy, extra=extra)
+    pad = (0, T - t1)
+    return torch.nn.functional.pad(logp, pad), torch.nn.functional.pad(entropy, pad) if with_entropy else None
+
+
 LEARNER_FORWARD = "grpoplus_logprobs"
 """A method of that name on the model is its learner forward (a sharded model's FSDP forward method, which
 gathers its parameters around the call): :func:`response_logprobs` goes through it."""
@@ -300,7 +321,8 @@ def response_logprobs(model: torch.nn.Module, *args, **kwargs) -> tuple[torch.Te
 def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
-                share_prompts: bool | str = True, packing: bool | str = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                share_prompts: bool | str = True, packing: bool | str = False, vision: list | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -323,6 +345,8 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
             whatever its rows: a sharded learner's ranks must (grpoplus.distributed.sharding).
         packing: each forward's rows as one sequence of their real tokens (:mod:`grpoplus.learner.packing`);
             "auto": each forward packed where that computes less (:func:`grpoplus.learner.packing.packing_pays`).
+        vision: a vision-language model's rows: [N] :class:`~grpoplus.models.vision.VisionInputs` (``Rollouts.vision``),
+            their images in every forward (padded; no prompt sharing or packing yet).
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).
@@ -339,7 +363,8 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
     step = micro_batch_size or prompt_ids.shape[0]
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
                            response_mask[i:i + step], temperature, with_entropy,
-                           None if routing is None else partial(routing, slice(i, i + step)), share_prompts, packing)
+                           None if routing is None else partial(routing, slice(i, i + step)), share_prompts, packing,
+                           None if vision is None else vision[i:i + step])
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None
@@ -347,6 +372,9 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
 
 def response_logprobs_from_rollouts(model: torch.nn.Module, rollouts: Rollouts, **kwargs
                                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`response_logprobs` on the tensors of a :class:`Rollouts`; ``kwargs`` are passed through."""
+    """:func:`response_logprobs` on the tensors of a :class:`Rollouts` (with their images, a vision-language
+    policy's); ``kwargs`` are passed through."""
+    if rollouts.vision is not None:
+        kwargs.setdefault("vision", rollouts.vision)
     return response_logprobs(model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.response_ids,
                              rollouts.response_mask, **kwargs)

@@ -26,6 +26,7 @@ from grpoplus.learner.replay import LearnerRouting, check_replay_checkpointing, 
 from grpoplus.models.device import compute_device
 from grpoplus.models.lora import adapters_off
 from grpoplus.models.routing import RoutingSpec
+from grpoplus.models.vision import vision_of
 
 LOGP_OLD_MODES = ("forward", "recompute", "rollout")
 
@@ -101,8 +102,10 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
                                           rollouts.response_ids.to(device), rollouts.response_mask.to(device),
                                           temperature=plan.temperature, with_entropy=with_entropy,
                                           micro_batch_size=plan.micro_batch_size, routing=routing,
-                                          share_prompts=forward_sharing(plan), packing=plan.packing)
+                                          share_prompts=forward_sharing(plan), packing=plan.packing,
+                                          **vision_of(rollouts.vision))
     return logp.cpu(), None if entropy is None else entropy.cpu()
+
 
 
 def old_pass_routing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerRouting | None:
@@ -161,7 +164,7 @@ def prepare(scored: ScoredGroups, model, ref_model, algo: A.AlgoConfig, plan: Le
         loss_mask = A.high_entropy_mask(entropy, loss_mask, algo.entropy_mask_rho)
     metrics["filter/active_token_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
     batch = TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, loss_mask, advantages,
-                       r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing)
+                       r.logp_roll, logp_old, logp_ref, r.group_ids, routing=routing, vision=r.vision)
     return batch, entropy, metrics
 
 
@@ -185,7 +188,7 @@ def demonstration_batch(r: Rollouts) -> TrainBatch:
     no advantage, no pi_old (the objective has no ratio) and no reference."""
     n = len(r.group_ids)
     return TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.sampled_mask.float(),
-                      torch.zeros(n), r.logp_roll, None, None, r.group_ids)
+                      torch.zeros(n), r.logp_roll, None, None, r.group_ids, vision=r.vision)
 
 
 def teacher_advantages(teacher, r: Rollouts, advantages: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,

@@ -33,6 +33,7 @@ from grpoplus.learner.replay import LearnerRouting, RoutingTally, input_mask
 from grpoplus.learner.trimming import trimmed_backward
 from grpoplus.metrics.step import finite, reduce_metrics
 from grpoplus.models.device import compute_device
+from grpoplus.models.vision import vision_of
 
 LOSS_KEYS = ("loss/policy", "loss/distill", "loss/nll", "loss/total")  # micro-batch parts of one globally normalised loss: add up
 
@@ -261,7 +262,7 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
                                           temperature=plan.temperature, routing=routing, packing=mb.packed))
         return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
                                       with_entropy=ctx.measures_entropy, routing=routing,
-                                      share_prompts=forward_sharing(plan), packing=mb.packed))
+                                      share_prompts=forward_sharing(plan), packing=mb.packed, **vision_of(rows.vision)))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:

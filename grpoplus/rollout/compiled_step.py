@@ -57,6 +57,8 @@ def static_refusal(model: torch.nn.Module) -> str | None:
     """Why ``model`` cannot decode with a compiled step (None when it can): its attention must take a boolean 4-d
     mask (sdpa) and every layer attend to the whole past (no sliding window, linear attention or Mamba state)."""
     config = getattr(model, "config", None)
+    if getattr(config, "vision_config", None) is not None:
+        return "a vision-language model's decode is not compiled yet"
     attn = getattr(config, "_attn_implementation", None)
     if attn not in STATIC_ATTENTION:
         return f"its attention implementation is {attn!r}, not sdpa"

@@ -23,6 +23,15 @@ from grpoplus.models.kv_cache import cache_kwargs
 from grpoplus.models.lora import compute_module, is_lora, merge_into, plain_model
 from grpoplus.models.qlora import is_4bit
 from grpoplus.models.routing import NATURAL, rollout_routing, routing_spec
+from grpoplus.models.vision import (
+    VisionInputs,
+    forward_inputs,
+    is_vision_model,
+    placeholder_ids,
+    text_positions,
+    vision_positions,
+)
+from grpoplus.models.vision import encode_prompts as encode_vision_prompts
 from grpoplus.rollout.base import (
     DEFAULT_OPTIONS,
     ENGINES,
@@ -58,8 +67,8 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, n: int, fill) -> torc
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor,
            params: SamplingParams, stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator | None,
-           pack_weights: bool = True, dtype: torch.dtype = torch.float32, step: CompiledStep | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           pack_weights: bool = True, dtype: torch.dtype = torch.float32, step: CompiledStep | None = None,
+           vision: list[VisionInputs] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``repeats[j]`` responses for the left-padded prompt ``j``; rows of one prompt are contiguous.
 
     Each distinct prompt is prefilled once and its KV cache copied to its rows (a group of
@@ -77,6 +86,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         repeats: [b] long, rows per prompt (n = repeats.sum()).
         stop_ids: [k] long, end-of-sequence ids.
         dtype: float32, or bfloat16: the matmuls under autocast, the packed weights reordered in bfloat16.
+        vision: a vision-language model's prompts: each one's processor outputs beyond the ids (its images are
+            encoded once, in the prefill, and its rows decode text after them).
 
     Returns:
         ``(tokens [n, T], mask [n, T] float, logp [n, T] float32, finished [n] bool)``,
@@ -85,7 +96,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     rows = int(repeats.sum())
     packed = packed_linears(model, rows, dtype, opaque=step is not None) if pack_weights else nullcontext()
     with packed, autocast_to(dtype, input_ids.device):
-        state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens, step)
+        state = prefill(model, input_ids, attention_mask, repeats, input_ids.shape[1] + params.max_new_tokens, step,
+                        vision)
         return sample_loop(state, params, stop_ids, pad_id, generator)
 
 
@@ -122,13 +134,19 @@ class DecodeState:
     rows: torch.Tensor  # [m] output row of each slot
 
 
-def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: CompiledStep | None = None) -> DecodeState:
-    """Forward the b distinct prompts once and copy their cache and logits to the n = repeats.sum() rows."""
-    # Position of every real token counted from the row's first real token (left padding).
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
+def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: CompiledStep | None = None,
+            vision: list[VisionInputs] | None = None) -> DecodeState:
+    """Forward the b distinct prompts once (their images too) and copy their cache and logits to the n =
+    repeats.sum() rows."""
+    extra = {} if vision is None else forward_inputs(vision, attention_mask, 0)
+    # Position of every real token counted from the row's first real token (left padding); Qwen's three rows of an
+    # image's tokens (grpoplus.models.vision)
+    position_ids = vision_positions(model, input_ids, attention_mask, extra) if vision is not None else \
+        (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra,
                    **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+    position_ids = text_positions(position_ids)  # a decode step's: the text position (Qwen's three are equal there)
     expand = torch.arange(len(repeats), device=input_ids.device).repeat_interleave(repeats)  # [n]
     n, plain = len(expand), all(type(layer) is DynamicLayer for layer in cache.layers)
     static = step is not None and plain
@@ -240,7 +258,12 @@ class HFEngine:
         check_quantization(options.quantization, next(model.parameters()).device, options.dtype)
         self.dtype = options.dtype
         check_max_num_seqs(options.max_num_seqs)
+        # a vision-language model's processor (its tokenizer inside): prompts with images go through it
+        self.processor = tokenizer if hasattr(tokenizer, "image_processor") else None
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer) if self.processor is not None else tokenizer
         self.tokenizer = tokenizer
+        self.vision = is_vision_model(model)
+        self.placeholders = placeholder_ids(model.config) if self.vision else []
         self.quantization = options.quantization
         self.max_batch_size = options.max_num_seqs or None  # 0: the engine's choice, as None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -295,23 +318,30 @@ class HFEngine:
         """Nothing to release: the engine lives in the learner's process."""
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
-                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None) -> Rollouts:
+                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None,
+                 images: list[list] | None = None) -> Rollouts:
         """Sample ``params.n`` responses for each prompt (text, or token ids taken as they are); groups are
-        contiguous rows of the result."""
+        contiguous rows of the result. ``images``: a vision-language model's, per prompt (its chat-template text
+        holds their placeholders): the rows carry the processor's outputs (``Rollouts.vision``)."""
         check_request(prompts, params, prompt_index)
         device = next(self.model.parameters()).device
-        ids, mask = (x.to(device) for x in encode_prompts(self.tokenizer, prompts, self.pad_id))  # [B, P]
+        ids, mask, vision = self._encode(prompts, images)
+        ids, mask = ids.to(device), mask.to(device)  # [B, P]
         stop_ids = torch.tensor(self.stop_ids, device=device)
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [decode(self.model, *chunk, params, stop_ids, self.pad_id, generator, self.pack_weights, self.dtype,
-                            self.step)
-                     for chunk in row_chunks(ids, mask, params.n, self.max_batch_size)]
+            parts = [decode(self.model, chunk_ids, chunk_mask, repeats, params, stop_ids, self.pad_id, generator,
+                            self.pack_weights, self.dtype, self.step,
+                            None if vision is None else vision[first:first + len(repeats)])
+                     for chunk_ids, chunk_mask, repeats, first in row_chunks(ids, mask, params.n, self.max_batch_size)]
         finally:
             self.model.train(was_training)
         prompt_ids, prompt_mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)  # [N, P]
         tokens, mask, logp = (pad_right([p[k] for p in parts], fill) for k, fill in ((0, self.pad_id), (1, 0), (2, 0)))
+        finished = torch.cat([p[3] for p in parts])
+        if self.placeholders:
+            end_before(tokens, mask, logp, finished, torch.tensor(self.placeholders, device=tokens.device), self.pad_id)
         lengths = mask.sum(1).long().tolist()
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                             skip_special_tokens=True)
@@ -319,11 +349,26 @@ class HFEngine:
         routing = self._routing(prompt_ids, prompt_mask, tokens, mask).to(cpu) if self.record_routing else None
         return Rollouts(
             prompt_ids=prompt_ids.to(cpu), prompt_mask=prompt_mask.to(cpu), response_ids=tokens.to(cpu),
-            response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=torch.cat([p[3] for p in parts]).to(cpu),
+            response_mask=mask.to(cpu), logp_roll=logp.to(cpu), finished=finished.to(cpu),
             group_ids=torch.arange(len(prompts)).repeat_interleave(params.n),
             texts=texts, prompt_index=list(prompt_index) if prompt_index is not None else list(range(len(prompts))),
             policy_version=self.version, routing=routing,
+            vision=None if vision is None else [vision[j] for j in range(len(prompts)) for _ in range(params.n)],
         )
+
+    def _encode(self, prompts, images) -> tuple[torch.Tensor, torch.Tensor, list[VisionInputs] | None]:
+        """Left-padded ids and mask of the prompts, and a vision-language model's processor outputs per prompt."""
+        if images is not None and not self.vision:
+            raise ValueError(f"prompts with images, but the policy ({type(self.model).__name__}) is a text model: use "
+                             "an image-text-to-text model, or rows without images")
+        if not self.vision or self.processor is None:
+            if self.vision and images is not None:
+                raise ValueError("prompts with images need the model's processor: build the engine with it")
+            return (*encode_prompts(self.tokenizer, prompts, self.pad_id), None)
+        if not isinstance(prompts[0], str):
+            raise ValueError("a vision-language model's prompts are chat-template text (its processor expands the "
+                             "image placeholders), not token ids")
+        return encode_vision_prompts(self.processor, prompts, images, self.pad_id)
 
     def _routing(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
                  mask: torch.Tensor) -> torch.Tensor:
@@ -337,11 +382,11 @@ class HFEngine:
 
 
 def row_chunks(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, max_rows: int | None
-               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
     """Split the ``B * n`` rows (``n`` per prompt, contiguous) into runs of at most ``max_rows``.
 
-    Returns, per run, the distinct prompts it touches ([b, P] ids and mask) and how many of
-    its rows each one has ([b] long); a group may straddle two runs.
+    Returns, per run, the distinct prompts it touches ([b, P] ids and mask), how many of
+    its rows each one has ([b] long) and the first one's index; a group may straddle two runs.
     """
     total = input_ids.shape[0] * n
     step = max_rows or total
@@ -350,8 +395,21 @@ def row_chunks(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, ma
         prompt_of_row = torch.arange(start, min(start + step, total)) // n  # [rows]
         first = int(prompt_of_row[0])
         repeats = torch.bincount(prompt_of_row - first).to(input_ids.device)  # [b]
-        chunks.append((input_ids[first:first + len(repeats)], attention_mask[first:first + len(repeats)], repeats))
+        chunks.append((input_ids[first:first + len(repeats)], attention_mask[first:first + len(repeats)], repeats,
+                       first))
     return chunks
+
+
+def end_before(tokens, mask, logp, finished, banned: torch.Tensor, pad_id: int) -> None:
+    """End each row before the first sampled token of ``banned`` (an image placeholder: the row could not be
+    forwarded again), in place: that token and the rest are padding, and the row is unfinished (as if cut)."""
+    hit = torch.isin(tokens, banned) & mask.bool()  # [N, T]
+    if hit.any():
+        after = hit.long().cumsum(1) > 0
+        tokens.masked_fill_(after, pad_id)
+        mask.masked_fill_(after, 0)
+        logp.masked_fill_(after, 0.0)
+        finished.masked_fill_(hit.any(1), False)
 
 
 def pad_right(parts: list[torch.Tensor], fill: float) -> torch.Tensor:

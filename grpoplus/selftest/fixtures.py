@@ -70,7 +70,7 @@ def batch(model: torch.nn.Module, rollouts: Rollouts, learner_plan: LearnerPlan,
     logp_old, _ = learner_logprobs(model, rollouts, learner_plan, with_entropy=False)
     r = rollouts
     return TrainBatch(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.response_mask.clone(),
-                      advantages, r.logp_roll, logp_old, None, r.group_ids)
+                      advantages, r.logp_roll, logp_old, None, r.group_ids, vision=r.vision)
 
 
 def optimizer(model: torch.nn.Module):

@@ -1,0 +1,126 @@
+"""What a vision-language policy needs beyond a text one: its processor's outputs carried with each row, and the
+positions and inputs of a forward over rows with images.
+
+A prompt with images is encoded by the model's processor, which expands each image placeholder of the chat template
+into the image's tokens and returns the pixels (and, per family, what else the model reads). Those outputs travel
+with every row sampled from the prompt (:class:`VisionInputs`), so that the learner, the reference and the teacher
+see exactly what the engine saw. Two kinds:
+
+- per token, over the prompt's real tokens: Qwen's ``mm_token_type_ids`` (which tokens are an image's: its
+  multimodal rotary positions), Gemma 3's ``token_type_ids`` (its image tokens attend to each other both ways).
+  A forward places them under the prompt's columns and zeros under the response's;
+- per image: ``pixel_values`` and the family's own (Qwen's ``image_grid_thw``, Idefics3's
+  ``pixel_attention_mask``), concatenated over a forward's rows.
+
+Positions: Qwen's families rotate by three positions per token (time, height, width of an image's tokens; equal for
+text), computed by the model's own ``get_rope_index`` (:func:`vision_positions`); the others count real tokens, as
+for text. A decode step after the prompt needs the text position only (the three are equal there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+PER_TOKEN = ("mm_token_type_ids", "token_type_ids")
+"""Processor outputs with a value per prompt token."""
+TEXT_KEYS = ("input_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """One prompt's processor outputs beyond its token ids (shared by the rows sampled from it).
+
+    ``tokens``: name -> [p] over the prompt's p real tokens; ``images``: name -> the processor's tensor for the
+    prompt's images (dim 0 runs over images or patches, or, Idefics3's, is the prompt's one row)."""
+
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images)
+
+
+def vision_of(rows: list | None) -> dict:
+    """A learner forward's keyword for a vision-language policy's rows (none for text rows)."""
+    return {} if rows is None else {"vision": rows}
+
+
+def is_vision_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or its config) is an image-text-to-text model: its config has a vision tower's."""
+    config = getattr(model, "config", model)
+    return getattr(config, "vision_config", None) is not None
+
+
+def placeholder_ids(config) -> list[int]:
+    """The ids that stand for an image's (or a video's) features: a response that sampled one could not be
+    forwarded again (the model would look for its features), so the engine ends the row before it."""
+    names = ("image_token_id", "image_token_index", "video_token_id")
+    return sorted({v for name in names if isinstance(v := getattr(config, name, None), int)})
+
+
+def encode_prompts(processor, prompts: list[str], images: list[list] | None, pad_id: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, list[VisionInputs]]:
+    """Each prompt (chat-template text with the model's image placeholders) through ``processor`` with its images,
+    alone, then left-padded: ``(input_ids [B, P], attention_mask [B, P], one VisionInputs per prompt)``."""
+    ids, inputs = [], []
+    for j, text in enumerate(prompts):
+        own = list(images[j]) if images is not None and images[j] else []
+        out = processor(text=[text], images=[own] if own else None, return_tensors="pt")
+        ids.append(out["input_ids"][0])
+        inputs.append(VisionInputs(tokens={k: out[k][0] for k in PER_TOKEN if k in out},
+                                   images={k: v for k, v in out.items() if k not in (*TEXT_KEYS, *PER_TOKEN)}))
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for j, x in enumerate(ids):
+        input_ids[j, width - len(x):], mask[j, width - len(x):] = x, 1
+    return input_ids, mask, inputs
+
+
+def forward_inputs(rows: list[VisionInputs], prompt_mask: torch.Tensor, response_columns: int) -> dict:
+    """The model's inputs beyond ids and mask for a forward over ``rows`` (one VisionInputs per row; rows of a
+    prompt share it): per-token values under each row's real prompt columns (``prompt_mask`` [n, P']), zeros under
+    padding and the ``response_columns`` after; per-image tensors concatenated over the rows."""
+    n, width = prompt_mask.shape
+    device = prompt_mask.device
+    kwargs: dict[str, torch.Tensor] = {}
+    for key in sorted({k for r in rows for k in r.tokens}):
+        values = torch.zeros(n, width + response_columns, dtype=torch.long, device=device)
+        for i, row in enumerate(rows):
+            if key in row.tokens:
+                values[i, :width][prompt_mask[i].bool()] = row.tokens[key].to(device)
+        kwargs[key] = values
+    for key in sorted({k for r in rows for k in r.images}):
+        kwargs[key] = _joined([r.images[key] for r in rows if key in r.images]).to(device)
+    return kwargs
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` concatenated along dim 0; where they differ past it (Idefics3's [1, images, ...] of rows with other
+    image counts), each padded with zeros (an all-zero image is its padding) to the largest."""
+    if len({p.shape[1:] for p in parts}) > 1:
+        size = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+        parts = [torch.nn.functional.pad(p, [x for d in reversed(range(1, p.dim())) for x in (0, size[d - 1] - p.shape[d])])
+                 for p in parts]
+    return torch.cat(parts)
+
+
+def vision_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     kwargs: dict) -> torch.Tensor:
+    """Position ids of a forward over left-padded prompts (and right-padded responses): Qwen's three rows
+    ([3, n, L], from the model's ``get_rope_index``) where the model has them, else real tokens counted ([n, L])."""
+    base = getattr(model, "model", model)
+    if hasattr(base, "get_rope_index"):
+        types = kwargs.get("mm_token_type_ids", torch.zeros_like(input_ids))
+        positions, _ = base.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=kwargs.get("image_grid_thw"),
+                                           attention_mask=attention_mask)
+        return positions
+    return (attention_mask.cumsum(1) - 1).clamp(min=0)
+
+
+def text_positions(positions: torch.Tensor) -> torch.Tensor:
+    """[n, L] the text position of each token (Qwen's three rows are equal on text)."""
+    return positions[0] if positions.dim() == 3 else positions
