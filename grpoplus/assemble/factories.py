@@ -186,6 +186,7 @@ def reward_components(rewards: RewardsPlan, task) -> list:
 def build_engine(engine: EnginePlan, model, tokenizer, seed: int, record_routing: bool = False):
     """The rollout engine (``seed``: its process's); ``record_routing`` (an MoE policy): it returns the sampler's expert
     routing when it can."""
+    from grpoplus.models.vision import processor_of
     from grpoplus.rollout import ENGINES, EngineOptions
 
     factory = ENGINES.get(engine.name)
@@ -196,7 +197,8 @@ def build_engine(engine: EnginePlan, model, tokenizer, seed: int, record_routing
                             dtype=COMPUTE_DTYPES[engine.precision],
                             record_routing=record_routing and getattr(factory, "returns_routing", False))
     with phase(f"starting rollout engine {engine.name}"):
-        return factory(model, tokenizer, options)
+        # the hf engine encodes a vision-language policy's prompts with its processor
+        return factory(model, (processor_of(tokenizer) if engine.name == "hf" else None) or tokenizer, options)
 
 
 TOY_PARAMETERS = 10_000_000  # below this a model is a toy (the built-in tiny ones: 0.34M), trained at a toy's rate

@@ -22,6 +22,7 @@ from grpoplus.models.cpu_matmul import route
 from grpoplus.models.device import compute_device
 from grpoplus.models.freeze import freeze
 from grpoplus.models.memory import AUTO_ROWS, auto_token_budget
+from grpoplus.models.vision import freeze_vision
 from grpoplus.plan.run import LearnerRolePlan
 from grpoplus.teacher import load_teacher
 
@@ -52,6 +53,8 @@ def build_sharded_parts(role: LearnerRolePlan, whole: torch.nn.Module | None, gr
 def _parts(role: LearnerRolePlan, model: torch.nn.Module, ref_model: torch.nn.Module | None,
            mirror: torch.nn.Module | None = None) -> LearnerParts:
     freeze(model, role.policy.footprint.freeze)  # before the optimizer: frozen parameters get no state
+    if not role.policy.footprint.train_vision:
+        freeze_vision(model)  # a vision-language policy's vision tower and projector (none in a text model)
     optimizer, scheduler = build_optimizer(role.optimizer, model)
     teacher = None if role.teacher is None else load_teacher(role.teacher, compute_device(model), role.update.precision,
                                                              role.policy.task, role.policy.difficulty)

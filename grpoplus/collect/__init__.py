@@ -26,6 +26,7 @@ import torch
 
 from grpoplus import algo as A
 from grpoplus.containers import Collected, Rollouts, SamplingParams, ScoredGroups
+from grpoplus.data.images import load_image
 from grpoplus.data.order import PromptSampler
 from grpoplus.envs.episodes import EpisodePlan
 from grpoplus.metrics.step import reduce_metrics
@@ -59,7 +60,10 @@ def sample(engine, examples: list, idx: list[int], params: SamplingParams, episo
     chosen = [examples[i] for i in idx]
     if episodes is not None:
         return episodes.run(engine, chosen, params, idx, generator)
-    rollouts = engine.generate([ex.prompt for ex in chosen], params, prompt_index=idx, generator=generator)
+    shown = [getattr(ex, "images", ()) for ex in chosen]  # a vision-language policy's prompt images
+    images = [[load_image(s) for s in own] for own in shown] if any(shown) else None
+    rollouts = engine.generate([ex.prompt for ex in chosen], params, prompt_index=idx, generator=generator,
+                               **({} if images is None else {"images": images}))
     return check_rollouts(rollouts, len(idx), params, engine.name), {}
 
 

@@ -316,6 +316,9 @@ class LearnerConfig:
     freeze: list = field(default_factory=list)
     """Parameters kept frozen while the rest trains (no gradient, no optimizer state), by name: a dotted part
     (embed_tokens, lm_head, layers.0) or a glob over the full name (model.layers.[0-3].*). Empty: all train."""
+    train_vision: bool = False
+    """A vision-language policy's vision tower and projector train too (false: frozen, no gradient and no optimizer
+    state, as most vision RL recipes keep them; the language model trains as set)."""
 
     @property
     def sharded(self) -> bool:

@@ -20,6 +20,9 @@ def apply_chat_template(tokenizer, prompt: str | list[dict], system: str | None 
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(tokenizer, "chat_template", None) is None:
+        if any(isinstance(m["content"], list) for m in messages):
+            raise ValueError("a prompt with images needs the model's chat template (its processor's or its "
+                             "tokenizer's) to place their placeholders; this model has none")
         text = "\n\n".join(m["content"] for m in messages)
         return f"{tools_system_text(tools)}\n\n{text}" if tools else text
     messages, tools = with_tools(tokenizer, with_system(messages, system) if system else messages, tools)

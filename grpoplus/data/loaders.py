@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from grpoplus.data.functions import function_call_record, is_function_call_row
+from grpoplus.data.images import IMAGE_FIELD, image_sources
 from grpoplus.rewards.extract import reference_answer
 
 ANSWER_FORMATS = ("raw", "gsm8k", "math", "auto")
@@ -129,7 +130,8 @@ def read_rows(path: Path) -> Iterator[tuple[int, object]]:
     return reader(path)
 
 
-def _record(row, prompt_field: str, answer_field: str, answer_format: str, calls: bool = False) -> dict:
+def _record(row, prompt_field: str, answer_field: str, answer_format: str, calls: bool = False,
+            base: Path | None = None) -> dict:
     if isinstance(row, _BadRow):
         raise row
     if not isinstance(row, dict):
@@ -149,6 +151,11 @@ def _record(row, prompt_field: str, answer_field: str, answer_format: str, calls
     if answer is None:
         raise _BadRow(f"no {answer_format} answer found in field {answer_field!r}")
     fields = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
+    if fields.get(IMAGE_FIELD) is not None:  # checked now: a missing or broken image makes a bad row
+        try:
+            fields[IMAGE_FIELD] = image_sources(fields[IMAGE_FIELD], base)
+        except ValueError as err:
+            raise _BadRow(str(err)) from None
     return {"prompt": prompt, "answer": answer, "fields": fields}
 
 
@@ -186,8 +193,8 @@ def load_records(
             for name in used:
                 used[name] = used[name] or name in row or data.function_calls  # those rows name them their way
         try:
-            data.records.append({**_record(row, prompt_field, answer_field, answer_format, data.function_calls),
-                                 "line": line_no})
+            data.records.append({**_record(row, prompt_field, answer_field, answer_format, data.function_calls,
+                                           path.parent), "line": line_no})
         except _BadRow as bad:
             if (on_bad_row == "error" and not data.function_calls and isinstance(row, dict) and "messages" in row
                     and prompt_field not in row):

@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from grpoplus.core.rundir import RunDir
 from grpoplus.models.lora import ADAPTER_FILE, is_lora, load_adapters
+from grpoplus.models.vision import processor_of
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
@@ -70,6 +71,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if processor_of(tokenizer) is not None:  # a vision-language policy's: the checkpoint loads as a model dir
+        processor_of(tokenizer).save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
     if ref_model is not None:
         save_model(ref_model, str(tmp / REF_FILE))  # handles tied embeddings

@@ -44,6 +44,7 @@ class Footprint:
     lora_targets: tuple[str, ...] = ("all-linear",)
     quantize: str = "none"  # none | nf4 | fp4: the base's decoder-layer linear weights in 4-bit
     freeze: tuple[str, ...] = ()  # learner.freeze: parameters with no gradient and no optimizer state
+    train_vision: bool = False  # learner.train_vision: a vision-language policy's vision tower trains (else frozen)
     whole_copy: bool = False  # a sharded rank 0 also holds the whole policy on its device
     precision: str = "fp32"
     engine: str | None = None  # the rollout engine sampling in this process (hf | vllm | another), None: none

@@ -20,6 +20,7 @@ from grpoplus.models.footprint import Footprint
 from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
 from grpoplus.models.qlora import FourBit, quantize_base
 from grpoplus.models.sizes import ModelSize, arch_from_config, find_known
+from grpoplus.models.vision import load_processor, with_processor
 
 TINY_MOE = "tiny-moe"
 """The name that selects the built-in tiny mixture-of-experts policy (a Qwen3-MoE), warm-started on ``task``."""
@@ -117,6 +118,11 @@ def prepared(policy, tokenizer, device: str | torch.device, quantize: FourBit | 
     return policy.to(device), tokenizer
 
 
+IMAGE_TEXT_TO_TEXT = frozenset(__import__(
+    "transformers.models.auto.modeling_auto", fromlist=["x"]).MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+"""``model_type`` of the image-text-to-text models (vision-language policies: :mod:`grpoplus.models.vision`)."""
+
+
 def check_architecture(path: Path) -> str:
     """The ``model_type`` of the model dir ``path`` (its config.json, no weight read), refused in one line when this
     transformers cannot build it as a causal LM."""
@@ -132,9 +138,10 @@ def check_architecture(path: Path) -> str:
         raise ValueError(f"model dir {str(path)!r} is a {model_type!r} model, an architecture transformers "
                          f"{transformers.__version__} does not know: upgrade it (pip install -U transformers) or "
                          "train a model of an architecture it has (reference/architectures.md lists the tested ones)")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in IMAGE_TEXT_TO_TEXT:
         raise ValueError(f"model dir {str(path)!r} is a {model_type!r} model, which transformers has no causal "
-                         "language model of: grpoplus trains decoder LMs (AutoModelForCausalLM)")
+                         "language model of: grpoplus trains decoder LMs (AutoModelForCausalLM) and image-text-to-text "
+                         "models (AutoModelForImageTextToText)")
     return model_type
 
 
@@ -185,9 +192,23 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
 
 
 def load_hf_dir(path: Path, dtype: torch.dtype):
+    """``(model, tokenizer)`` of a Hugging Face model dir; an image-text-to-text model's tokenizer carries its
+    processor (:func:`grpoplus.models.vision.with_processor`: the hf engine encodes prompts with images through it)."""
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if _model_type(path) in IMAGE_TEXT_TO_TEXT:
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype)
+        return model, with_processor(tokenizer, load_processor(path))
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     return model, tokenizer
+
+
+def _model_type(path: Path) -> str | None:
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _load_gguf(file: Path, dtype: torch.dtype, fits):

@@ -57,7 +57,12 @@ def hf_parameter_count(path: Path) -> int:
         raise ValueError(f"model dir {str(path)!r}: config.json is not a usable model config "
                          f"({str(err).splitlines()[0]}); point at a Hugging Face model dir") from None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        if getattr(config, "vision_config", None) is not None:  # an image-text-to-text model, vision tower included
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_config(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -75,7 +75,7 @@ def image_only(cls: type) -> type:
               "    self.video_processor = _ns(num_frames=None, fps=None)\n")
     scope = {"_d": defaults, "_cls": cls, "_ns": types.SimpleNamespace}
     exec(source, scope)  # noqa: S102 (a signature built from the parent's: no input from outside)
-    return type(cls.__name__ + "ImageOnly", (cls,), {"__init__": scope["__init__"]})
+    return type(cls.__name__, (cls,), {"__init__": scope["__init__"]})  # its name: what a saved dir names
 
 
 def _ids(tok) -> dict:
@@ -98,6 +98,7 @@ def _qwen(config_cls, processor_cls, patch: int, rope: dict, vision: dict, text:
     unit = (patch * 2) ** 2  # pixels (h x w) of one merged token: from 1 to 16 of them per image
     images = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2,
                                       size={"shortest_edge": unit, "longest_edge": 16 * unit})
+    tok.chat_template = QWEN_TEMPLATE  # the tokenizer renders image messages too, as a real model's does
     return config, image_only(processor_cls)(image_processor=images, tokenizer=tok, chat_template=QWEN_TEMPLATE)
 
 
@@ -129,6 +130,7 @@ def gemma3():
         boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
         eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"))
     images = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, do_pan_and_scan=False)
+    tok.chat_template = GEMMA_TEMPLATE
     return config, Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=GEMMA_TEMPLATE,
                                    image_seq_length=4)
 
@@ -146,6 +148,7 @@ def idefics3():
                             pad_token_id=tok.pad_token_id)
     images = Idefics3ImageProcessorPil(size={"longest_edge": 28}, max_image_size={"longest_edge": 28},
                                        do_image_splitting=False)
+    tok.chat_template = IDEFICS_TEMPLATE
     return config, Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=4,
                                      chat_template=IDEFICS_TEMPLATE)
 

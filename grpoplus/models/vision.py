@@ -43,6 +43,67 @@ class VisionInputs:
         return bool(self.images)
 
 
+VISION_PARTS = ("visual", "vision_tower", "multi_modal_projector", "vision_model", "connector")
+"""Module names (dotted parts of a parameter's name) of the families' vision towers and projectors: Qwen's
+``visual`` (its merger inside), Gemma 3's ``vision_tower`` and ``multi_modal_projector``, Idefics3's and SmolVLM's
+``vision_model`` and ``connector``."""
+
+
+def freeze_vision(model: torch.nn.Module) -> int:
+    """Freeze the vision tower and projector of a vision-language ``model`` (learner.train_vision=false); the
+    elements frozen (0 for a text model)."""
+    if not is_vision_model(model):
+        return 0
+    frozen = 0
+    for name, p in model.named_parameters():
+        if any(f".{part}." in f".{name}." for part in VISION_PARTS) and p.requires_grad:
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen
+
+
+PROCESSOR = "grpoplus_processor"
+"""The attribute of a vision-language policy's tokenizer that holds its processor (what the engine encodes with)."""
+
+
+def with_processor(tokenizer, processor):
+    """``tokenizer``, carrying ``processor``: wherever the run hands the tokenizer on, the engine finds it."""
+    setattr(tokenizer, PROCESSOR, processor)
+    return tokenizer
+
+
+def processor_of(tokenizer):
+    """The processor a tokenizer carries (:func:`with_processor`), or None."""
+    return getattr(tokenizer, PROCESSOR, None)
+
+
+def load_processor(path):
+    """The processor saved in the model dir ``path``. Without torchvision transformers cannot load a video
+    processor, and ``AutoProcessor`` then gives back the bare tokenizer, which would drop every image silently:
+    the family's processor is loaded without it instead, and a dir with none is refused in one line."""
+    import json
+    from pathlib import Path
+
+    import transformers
+
+    from grpoplus.models.tiny_vision import image_only
+
+    path = Path(path)
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, AttributeError, TypeError):
+        processor = None
+    if processor is not None and hasattr(processor, "image_processor"):
+        return processor
+    saved = path / "processor_config.json"
+    name = json.loads(saved.read_text()).get("processor_class") if saved.is_file() else None
+    cls = getattr(transformers, name or "", None)
+    if cls is None:
+        raise ValueError(f"model dir {str(path)!r} is a vision-language model without a processor "
+                         "(processor_config.json): save it next to the model with processor.save_pretrained(dir)")
+    return image_only(cls).from_pretrained(path, local_files_only=True)
+
+
 def vision_of(rows: list | None) -> dict:
     """A learner forward's keyword for a vision-language policy's rows (none for text rows)."""
     return {} if rows is None else {"vision": rows}

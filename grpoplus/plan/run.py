@@ -259,7 +259,8 @@ def footprint(cfg: Config) -> Footprint:
     lrn, r = cfg.learner, cfg.rollout
     local = cfg.run.cluster == "local"
     return Footprint(shards=where.shards(cfg), lora_rank=lrn.lora_rank, lora_targets=tuple(lrn.lora_target_modules),
-                     quantize=lrn.quantize, freeze=tuple(lrn.freeze), precision=lrn.precision,
+                     quantize=lrn.quantize, freeze=tuple(lrn.freeze), train_vision=lrn.train_vision,
+                     precision=lrn.precision,
                      whole_copy=lrn.sharded and not where.whole_copy_in_host_memory(cfg),
                      engine=r.engine if local else None, own_copy=local and r.max_staleness > 0,
                      on_gpus=where.on_gpus(cfg), quantization=r.quantization, engine_kwargs=tuple(r.engine_kwargs.items()))

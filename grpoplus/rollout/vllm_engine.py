@@ -141,6 +141,9 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = DEFAULT_OPTIONS):
         require_engine(self.name)
+        if getattr(model.config, "vision_config", None) is not None:
+            raise ValueError(f"rollout engine 'vllm' does not sample vision-language policies yet "
+                             f"({type(model).__name__}): set rollout.engine=hf")
         self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
         check_vllm_options(options.quantization, options.dtype, options.extra, self.lora_rank)
         check_max_num_seqs(options.max_num_seqs)

@@ -24,6 +24,7 @@ class Example:
     answer: str
     fields: dict = field(default_factory=dict)
     origin: str = ""  # where it was read (a data file's line), named by messages about it; "" for a generated one
+    images: tuple = ()  # a vision-language policy's prompt images (grpoplus.data.images sources), shown in the prompt
 
 
 class Task(Protocol):

@@ -85,11 +85,17 @@ def _example(record: dict, tokenizer, path: str) -> Example:
     function-calling record's with its tools (described above the prompt without a template); its origin is the
     file's line."""
     from grpoplus.data import apply_chat_template
+    from grpoplus.data.images import IMAGE_FIELD, image_messages
+    from grpoplus.models.vision import processor_of
 
     fields, origin = record.get("fields", {}), f"{path} line {record.get('line', '?')}"
     if "tools" in fields:
         return Example(apply_chat_template(tokenizer, fields["messages"], tools=fields["tools"]), record["answer"],
                        fields, origin)
+    images = fields.get(IMAGE_FIELD) or ()
+    if images:  # shown before the text, one placeholder each (the model's chat template renders them)
+        prompt = apply_chat_template(processor_of(tokenizer) or tokenizer, image_messages(record["prompt"], len(images)))
+        return Example(prompt, record["answer"], fields, origin, images=tuple(images))
     prompt = apply_chat_template(tokenizer, record["prompt"]) if tokenizer is not None else record["prompt"]
     return Example(prompt, record["answer"], fields, origin)
 
