@@ -297,7 +297,8 @@ def _task(cfg: Config) -> None:
     """A built-in task (data.task, without data.data) exists, takes data.task_kwargs and data.difficulty (one of its
     levels), and writes prompts its model reads: chat prompts need an instruct model's chat template, which the
     built-in tiny model has not (or data.chat_template=false)."""
-    from grpoplus.models.load import is_builtin
+    from grpoplus.models.load import TINY_VISION, is_builtin
+    from grpoplus.models.vision import check_vision_policy
     from grpoplus.tasks import TASKS, check_chat_prompts, check_task_args
 
     d = cfg.data
@@ -307,9 +308,11 @@ def _task(cfg: Config) -> None:
     given = [f"data.task={d.task}"] + ([] if d.difficulty is None else [f"data.difficulty={d.difficulty}"]) + (
         [f"data.task_kwargs={d.task_kwargs}"] if d.task_kwargs else [])
     _named(", ".join(given), check_task_args, d.task, seed=cfg.run.seed, **kwargs)  # the task's own checks
+    if d.task in TASKS and getattr(TASKS.get(d.task), "shows_images", False):
+        _named(f"data.task={d.task}", check_vision_policy, d.task, cfg.learner.model)
     if d.task in TASKS:
         _as_config_error(check_chat_prompts, d.task, getattr(TASKS.get(d.task), "chat", False), d.chat_template,
-                         is_builtin(cfg.learner.model))
+                         is_builtin(cfg.learner.model) and cfg.learner.model != TINY_VISION)  # the tiny VLM has one
 
 
 @rule("cpu_matmul")
@@ -556,11 +559,11 @@ def _check_teacher(cfg: Config) -> None:
 
 def _builtin_second_model(cfg: Config, key: str, name: str | None) -> None:
     """A built-in tiny model as teacher or demonstration writer is warm-started on the run's built-in task."""
-    from grpoplus.models.load import TINY_UNTRAINED
+    from grpoplus.models.load import TINY_UNTRAINED, TINY_VISION
 
     if name is None or not _builtin_model(cfg, key, name):
         return
-    if name == TINY_UNTRAINED:
+    if name in (TINY_UNTRAINED, TINY_VISION):
         raise ConfigError(f"{key}={name} is the tiny model before any training: it knows nothing to teach; name a "
                          "trained model (the built-in tiny-teacher, a model directory)")
 

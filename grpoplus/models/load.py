@@ -40,7 +40,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
-NAMED_BUILTINS = (TINY_MOE, TINY_UNTRAINED, TINY_TEACHER)
+TINY_VISION = "tiny-vlm"
+"""The built-in tiny vision-language model as initialised (a Qwen2.5-VL layout, grpoplus.models.tiny_vision), with
+its processor: what a supervised stage on the ``shapes`` task warm-starts."""
+
+NAMED_BUILTINS = (TINY_MOE, TINY_UNTRAINED, TINY_TEACHER, TINY_VISION)
 
 TINY_PREFIX = "tiny-"
 """``tiny-<model_type>`` selects the built-in tiny model of that architecture (grpoplus.models.families)."""
@@ -57,7 +61,8 @@ def builtin_family(model: str | None) -> str | None:
         return family
     if Path(model).expanduser().exists():  # a model directory that happens to be called tiny-...
         return None
-    raise ValueError(f"no built-in model {model!r}: the built-in tiny models are {TINY_MOE}, {TINY_UNTRAINED} and "
+    raise ValueError(f"no built-in model {model!r}: the built-in tiny models are {TINY_MOE}, {TINY_UNTRAINED}, "
+                     f"{TINY_VISION} and "
                      f"{', '.join(TINY_PREFIX + f for f in sorted(FAMILIES))} (or give a model directory)")
 
 

@@ -196,11 +196,17 @@ def builtin_size(name: str | None) -> ModelSize:
     from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM
 
     from grpoplus.models.families import family_config
-    from grpoplus.models.load import TINY_MOE, TINY_TEACHER, builtin_family
+    from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_VISION, builtin_family
     from grpoplus.models.moe import tiny_moe_config
     from grpoplus.models.tiny import tiny_config
     from grpoplus.models.tokenizer import char_tokenizer
 
+    if name == TINY_VISION:
+        from grpoplus.models.tiny_vision import tiny_vision_model
+
+        model, _ = tiny_vision_model("qwen2_5_vl")
+        return ModelSize(name, sum(p.numel() for p in model.parameters()), "the built-in tiny vision-language "
+                         "model's config", None, on_disk=True)
     vocab, family = len(char_tokenizer()), builtin_family(name)
     if family is not None:
         config = family_config(family, vocab, size="small")

@@ -104,6 +104,30 @@ def load_processor(path):
     return image_only(cls).from_pretrained(path, local_files_only=True)
 
 
+def check_vision_policy(task: str, model: str | None) -> None:
+    """A task whose prompts show images needs a vision-language policy: the built-in ``tiny-vlm`` or a model dir
+    whose config has a vision tower's (read without loading); one line otherwise."""
+    import json
+    from pathlib import Path
+
+    from grpoplus.models.load import TINY_VISION, is_builtin
+
+    if model == TINY_VISION:
+        return
+    config = Path(model).expanduser() / "config.json" if model is not None and not is_builtin(model) else None
+    if config is not None and config.is_file():
+        try:
+            if "vision_config" in json.loads(config.read_text()):
+                return
+        except (OSError, ValueError):
+            return  # the loader says what is wrong with the file
+    elif config is not None:
+        return  # not on disk here: the loader's check
+    raise ValueError(f"task {task!r} shows images, and {model or 'the built-in tiny model'} is a text model: use a "
+                     f"vision-language policy (--model {TINY_VISION}, warm-started with grpoplus sft, or an "
+                     "image-text-to-text model dir)")
+
+
 def vision_of(rows: list | None) -> dict:
     """A learner forward's keyword for a vision-language policy's rows (none for text rows)."""
     return {} if rows is None else {"vision": rows}

@@ -34,7 +34,8 @@ def demo_rollouts(demos: list[Demo], pad_id: int, prompt_index: list[int] | None
             model_mask[i, :t] = torch.tensor(d.trained, dtype=torch.float32)
     return Rollouts(prompt_ids, prompt_mask, response_ids, response_mask, torch.zeros((n, width_t)),
                     finished=torch.ones(n, dtype=torch.bool), group_ids=torch.arange(n), texts=[""] * n,
-                    prompt_index=list(range(n)) if prompt_index is None else prompt_index, model_mask=model_mask)
+                    prompt_index=list(range(n)) if prompt_index is None else prompt_index, model_mask=model_mask,
+                    vision=[d.vision for d in demos] if any(d.vision is not None for d in demos) else None)
 
 
 def demo_batch(demos: list[Demo], pad_id: int, prompt_index: list[int] | None = None) -> ScoredGroups:

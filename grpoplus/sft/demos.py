@@ -34,6 +34,7 @@ class Demo:
     prompt: tuple[int, ...]
     response: tuple[int, ...]
     trained: tuple[int, ...]
+    vision: object = None  # a vision-language policy's prompt images (grpoplus.models.vision.VisionInputs)
 
     @property
     def tokens(self) -> int:

@@ -4,6 +4,7 @@ the first step, and split into training and held-out demonstrations."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +74,26 @@ def task_demos(task, examples: list, tokenizer, direct_frac: float, seed: int, m
         else:
             worked = task.sft_target(example)
             turns = [("#" + worked.rpartition("#")[2] if rng.random() < direct_frac else worked, None)]
-        demos.append(turns_demo(tokenizer, tokenizer(example.prompt)["input_ids"], turns, max_length))
+        ids, vision = prompt_ids(tokenizer, example)
+        demos.append(dataclasses.replace(turns_demo(tokenizer, ids, turns, max_length), vision=vision))
     return demos
+
+
+def prompt_ids(tokenizer, example) -> tuple[list[int], object]:
+    """An example's prompt ids as the engine is given them, and its images' processor outputs (None without any):
+    a vision-language policy's prompt through its processor, which expands each image's placeholder."""
+    images = getattr(example, "images", ())
+    if not images:
+        return tokenizer(example.prompt)["input_ids"], None
+    from grpoplus.data.images import load_image
+    from grpoplus.models.vision import encode_prompts, processor_of
+
+    processor = processor_of(tokenizer)
+    if processor is None:
+        raise ValueError(f"a prompt with images, but the model has no image processor (tokenizer "
+                         f"{type(tokenizer).__name__}): a vision-language model is needed")
+    ids, mask, vision = encode_prompts(processor, [example.prompt], [[load_image(s) for s in images]], 0)
+    return ids[0][mask[0].bool()].tolist(), vision[0]
 
 
 def split_held_out(demos: list[Demo], held_out: int, seed: int) -> tuple[list[Demo], list[Demo]]:

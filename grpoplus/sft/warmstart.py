@@ -33,7 +33,15 @@ import torch
 
 from grpoplus.envs.render import observation_ids
 from grpoplus.models.cpu_matmul import route
-from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_UNTRAINED, builtin_family, load_hf_dir, prepared
+from grpoplus.models.load import (
+    TINY_MOE,
+    TINY_TEACHER,
+    TINY_UNTRAINED,
+    TINY_VISION,
+    builtin_family,
+    load_hf_dir,
+    prepared,
+)
 from grpoplus.models.moe import balance_loss_while_training
 from grpoplus.models.qlora import FourBit
 from grpoplus.models.tiny import tiny_model
@@ -290,7 +298,7 @@ def check_warm_start(model: str | None, task: str | None) -> None:
     """Refuse a built-in tiny model (but ``tiny-untrained``) without a built-in task to warm-start it on (a data
     set's run): the one statement of this refusal, for :func:`load_builtin` and the config rules ``models`` and
     ``teacher`` (learner.model, learner.teacher, sft.demo_model)."""
-    if model != TINY_UNTRAINED and task is None:
+    if model not in (TINY_UNTRAINED, TINY_VISION) and task is None:
         name = "the built-in tiny model" if model is None else f"the built-in tiny model {model}"
         raise ValueError(f"{name} is warm-started on a built-in task, and a data set's run (data.data) names none: "
                          "name a model directory or file instead (--model PATH)")
@@ -308,6 +316,12 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return prepared(tiny_model(tokenizer, size="small", seed=seed), tokenizer, device, quantize)
+    if model == TINY_VISION:  # as initialised by ``seed``, with its processor
+        from grpoplus.models.tiny_vision import tiny_vision_model
+        from grpoplus.models.vision import with_processor
+
+        policy, processor = tiny_vision_model("qwen2_5_vl", seed=seed)
+        return prepared(policy, with_processor(processor.tokenizer, processor), device, quantize)
     check_warm_start(model, task)
     if model == TINY_TEACHER:
         path = build_warmstart(task, difficulty, **teacher_recipe(task))

@@ -1,7 +1,7 @@
 """Tasks: prompts, reference answers and verifiers, looked up by name in ``TASKS``.
 
 Importing this package registers the built-in tasks (``arithmetic``, ``countdown``,
-``function_calling``, ``wordproblems``, and the multi-turn ``guess``).
+``function_calling``, ``wordproblems``, the vision-language ``shapes``, and the multi-turn ``guess``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from grpoplus.tasks import (  # noqa: F401  (registers the built-in tasks)
                             arithmetic,
                             countdown,
                             function_calling,
+                            shapes,
                             wordproblems,
 )
 from grpoplus.tasks.base import TASKS, Example, Task, without_prompts

@@ -117,6 +117,8 @@ def with_chat_template(task: SyntheticTask, tokenizer, model_name: str) -> Synth
     Raises ``ValueError`` when the tokenizer has none (a base model or the built-in tiny model).
     """
     from grpoplus.data import apply_chat_template
+    from grpoplus.data.images import image_messages
+    from grpoplus.models.vision import processor_of
 
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"task {task.name!r} writes its prompts as chat messages, but the tokenizer of model "
@@ -124,6 +126,9 @@ def with_chat_template(task: SyntheticTask, tokenizer, model_name: str) -> Synth
                          "data.chat_template=false to give it the raw prompts")
 
     def chat(example: Example) -> Example:
+        if example.images:  # shown before the text, through the processor's template where the model has one
+            shown = image_messages(example.prompt, len(example.images))
+            return dataclasses.replace(example, prompt=apply_chat_template(processor_of(tokenizer) or tokenizer, shown))
         return dataclasses.replace(example, prompt=apply_chat_template(tokenizer, example.prompt))
 
     return dataclasses.replace(task, train=tuple(map(chat, task.train)), test=tuple(map(chat, task.test)),
