@@ -138,6 +138,14 @@ def test_the_rules_page_lists_every_config_rule_in_order(site):
     assert places == sorted(places) and all(r.what and r.what in page for r in RULES)
 
 
+def test_the_configuration_page_names_every_section():
+    from grpoplus.config import SECTIONS
+
+    text = (DOCS / "getting-started" / "configuration.md").read_text()
+    first = text[:text.index("A run starts from a preset")]
+    assert [name for name in SECTIONS if f"`{name}`" not in first] == []
+
+
 def test_generated_tables_in_hand_written_pages(site):
     from grpoplus.core.packages import OPTIONAL_PACKAGES
 
