@@ -177,6 +177,22 @@ def test_every_table_and_figure_of_the_results_pages_is_stamped_with_its_machine
                 assert STAMP.search(section), (path.name, section.splitlines()[0])
 
 
+def test_every_commit_stamp_names_commits_of_this_repository():
+    """A stamp's commit is a commit id git knows (not a branch name, which moves), or says it was not recorded."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    stamps = [(path, line) for path in [README, *DOCS.rglob("*.md")] for line in path.read_text().splitlines()
+              if "**Commit:**" in line and "YYYY-MM-DD" not in line]  # results/index.md's template aside
+    assert len(stamps) >= 30
+    for path, line in stamps:
+        stamp = line.split("**Commit:**", 1)[1]
+        ids = re.findall(r"`([0-9a-f]{7,40})`", stamp)
+        assert ids or "not recorded" in stamp, (path.name, stamp)
+        for commit in ids:
+            known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+            assert known.returncode == 0, (path.name, commit, stamp)
+
+
 def test_readme_is_a_landing_page_whose_links_resolve():
     text = README.read_text()
     lines = text.splitlines()
