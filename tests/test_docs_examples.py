@@ -1,9 +1,13 @@
-"""Every `grpoplus train` command in README and the docs is a valid command: its config builds and checks, and its
-dry run plans it (grpoplus train --dry-run: nothing loaded, what this machine lacks listed as needs). The files an
-example names as the user's own (a config, an environment, a run to resume) are made here first. The Python quick
-start trains for real (tests/test_readme_python.py)."""
+"""Every command line of README's and the docs' ```bash blocks is a valid one. Each `grpoplus <command> ...` (also
+as `python -m grpoplus`, `torchrun ... -m grpoplus`) parses with the CLI's own parser (grpoplus.entry.cli.parse, running
+nothing): an unknown command or flag fails with its page and line. Each `python -m grpoplus.<module>` names a module
+that exists. Each `grpoplus train` command is also planned: its config builds and checks, and its dry run plans it
+(grpoplus train --dry-run: nothing loaded, what this machine lacks listed as needs). The files an example names as the
+user's own (a config, an environment, a run to resume) are made here first. The Python blocks run in
+tests/test_docs_python.py; the README's Python quick start trains for real (tests/test_readme_python.py)."""
 
 import contextlib
+import importlib.util
 import io
 import re
 import shlex
@@ -12,20 +16,70 @@ from pathlib import Path
 import pytest
 
 from grpoplus.config import build_config
-from grpoplus.entry.cli import main
+from grpoplus.entry.cli import main, parse
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _shell_lines() -> list[tuple[str, str]]:
+    """``(page:line, command)`` for every command of every ```bash block: continuations joined, comments dropped,
+    commands split at ``&&``, ``||``, ``;`` and ``|``."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+            line_no = text[:block.start(1)].count("\n") + 1
+            for line in re.sub(r"\\\n", lambda m: " \x00", block.group(1)).splitlines():
+                where = f"{page.relative_to(ROOT)}:{line_no}"
+                line_no += 1 + line.count("\x00")
+                line = re.split(r"\s+#\s", line.replace("\x00", ""))[0]
+                found += [(where, part.strip()) for part in re.split(r"&&|\|\||;|\|", line) if part.strip()]
+    return found
+
+
+def _cli_words(command: str) -> list[str] | None:
+    """The words after ``grpoplus`` of a command that runs the grpoplus CLI, else None."""
+    start = re.match(r"(?:python3? -m |torchrun .*?-m )?grpoplus(?:\s|$)", command)
+    return shlex.split(command[start.end():]) if start else None
 
 
 def _commands() -> list[tuple[str, str]]:
-    found = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
-        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.split(r"\s+#\s", line)[0]
-                found += [(str(page.relative_to(ROOT)), part.strip()) for part in line.split("&&")
-                          if part.strip().startswith("grpoplus train")]
-    return found
+    return [(where.split(":")[0], command) for where, command in _shell_lines() if command.startswith("grpoplus train")]
+
+
+SHELL = _shell_lines()
+CLI = [(where, command) for where, command in SHELL if _cli_words(command) is not None]
+MODULES = [(where, m.group(1)) for where, command in SHELL for m in re.finditer(r"python -m (grpoplus\.[\w.]+)", command)]
+
+
+def test_the_docs_have_command_line_examples_of_every_kind():
+    assert len(CLI) >= 50 and len(MODULES) >= 3
+    used = {_cli_words(command)[0] for _, command in CLI}
+    assert {"train", "sft", "report", "compare", "doctor", "traces", "presets", "lab", "selftest"} <= used, used
+
+
+@pytest.mark.parametrize("where,command", CLI, ids=[f"{w}:{c[9:50]}" for w, c in CLI])
+def test_every_grpoplus_command_parses_with_the_cli_parser(where, command):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parse(_cli_words(command))
+        except SystemExit as exit_:
+            pytest.fail(f"{where}: {command}\n{err.getvalue()[-600:]} (exit {exit_.code})")
+
+
+@pytest.mark.parametrize("where,module", MODULES, ids=[f"{w}:{m}" for w, m in MODULES])
+def test_every_grpoplus_module_run_with_python_m_exists(where, module):
+    assert importlib.util.find_spec(module) is not None, f"{where}: python -m {module}: no such module"
+
+
+def test_a_wrong_command_or_flag_fails_the_parse():
+    for words in (["trian", "--out", "x"], ["train", "--outt", "x"], ["report", "runs/demo", "steps=3"]):
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            parse(words)
+    assert _cli_words("torchrun --standalone -m grpoplus train --out x") == ["train", "--out", "x"]
+    assert _cli_words("python -m grpoplus.sft.warmstart --task countdown") is None
 
 
 COMMANDS = _commands()

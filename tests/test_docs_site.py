@@ -138,6 +138,14 @@ def test_the_rules_page_lists_every_config_rule_in_order(site):
     assert places == sorted(places) and all(r.what and r.what in page for r in RULES)
 
 
+def test_the_configuration_page_names_every_section():
+    from grpoplus.config import SECTIONS
+
+    text = (DOCS / "getting-started" / "configuration.md").read_text()
+    first = text[:text.index("A run starts from a preset")]
+    assert [name for name in SECTIONS if f"`{name}`" not in first] == []
+
+
 def test_generated_tables_in_hand_written_pages(site):
     from grpoplus.core.packages import OPTIONAL_PACKAGES
 
@@ -167,6 +175,22 @@ def test_every_table_and_figure_of_the_results_pages_is_stamped_with_its_machine
         for section in re.split(r"^## ", text, flags=re.M):
             if re.search(r"^\|---|^!\[", section, re.M):
                 assert STAMP.search(section), (path.name, section.splitlines()[0])
+
+
+def test_every_commit_stamp_names_commits_of_this_repository():
+    """A stamp's commit is a commit id git knows (not a branch name, which moves), or says it was not recorded."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    stamps = [(path, line) for path in [README, *DOCS.rglob("*.md")] for line in path.read_text().splitlines()
+              if "**Commit:**" in line and "YYYY-MM-DD" not in line]  # results/index.md's template aside
+    assert len(stamps) >= 30
+    for path, line in stamps:
+        stamp = line.split("**Commit:**", 1)[1]
+        ids = re.findall(r"`([0-9a-f]{7,40})`", stamp)
+        assert ids or "not recorded" in stamp, (path.name, stamp)
+        for commit in ids:
+            known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+            assert known.returncode == 0, (path.name, commit, stamp)
 
 
 def test_readme_is_a_landing_page_whose_links_resolve():

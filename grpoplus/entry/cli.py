@@ -169,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments, running nothing; an unknown command or flag exits 2 with argparse's usage
+    message (tests/test_docs_examples.py checks every command of the docs with it)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may stand anywhere among train's flags (argparse takes positionals once).
@@ -178,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     from grpoplus.core.packages import install_hint
     from grpoplus.distributed import RoleError
     from grpoplus.metrics.guard import HealthStop
