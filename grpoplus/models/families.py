@@ -94,6 +94,8 @@ def family_config(model_type: str, vocab_size: int, *, size: str = "nano", **ove
         fields["num_key_value_heads"] = body["num_attention_heads"]
     if model_type == "gemma4_text":
         fields["vocab_size_per_layer_input"] = vocab_size
+    if model_type == "granitemoehybrid":  # its Mamba heads span the layer's expanded width (2 x hidden) at any size
+        fields["mamba_d_head"] = 2 * body["hidden_size"] // fields["mamba_n_heads"]
     fields.update(overrides)
     return AutoConfig.for_model(model_type, **fields)
 

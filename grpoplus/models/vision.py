@@ -153,7 +153,17 @@ def encode_prompts(processor, prompts: list[str], images: list[list] | None, pad
     ids, inputs = [], []
     for j, text in enumerate(prompts):
         own = list(images[j]) if images is not None and images[j] else []
-        out = processor(text=[text], images=[own] if own else None, return_tensors="pt")
+        marker = placeholder_text(processor)
+        shown = text.count(marker) if marker else len(own)
+        if shown != len(own):
+            raise ValueError(f"prompt {j}: it has {len(own)} image(s) and {shown} image placeholder(s) "
+                             f"({marker}) in its text: give each image one placeholder (a chat message entry "
+                             '{"type": "image"})')
+        try:
+            out = processor(text=[text], images=[own] if own else None, return_tensors="pt")
+        except (ValueError, IndexError, TypeError, RuntimeError) as err:  # the processor's own words, on one line
+            raise ValueError(f"prompt {j}: its processor refused it with its {len(own)} image(s): "
+                             f"{(str(err).strip().splitlines() or [''])[0][:200]}") from None
         ids.append(out["input_ids"][0])
         inputs.append(VisionInputs(tokens={k: out[k][0] for k in PER_TOKEN if k in out},
                                    images={k: v for k, v in out.items() if k not in (*TEXT_KEYS, *PER_TOKEN)}))
@@ -163,6 +173,16 @@ def encode_prompts(processor, prompts: list[str], images: list[list] | None, pad
     for j, x in enumerate(ids):
         input_ids[j, width - len(x):], mask[j, width - len(x):] = x, 1
     return input_ids, mask, inputs
+
+
+def placeholder_text(processor) -> str | None:
+    """The string a chat template writes once per image, which the processor expands: Gemma 3's start-of-image
+    token, else the image token (Qwen's, Idefics3's)."""
+    for name in ("boi_token", "image_token"):
+        for owner in (processor, getattr(processor, "tokenizer", None)):
+            if isinstance(found := getattr(owner, name, None), str):
+                return found
+    return None
 
 
 def forward_inputs(rows: list[VisionInputs], prompt_mask: torch.Tensor, response_columns: int) -> dict:

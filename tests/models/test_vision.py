@@ -121,3 +121,20 @@ def test_images_for_a_text_model_are_refused_in_one_line():
     engine = HFEngine(tiny_model(tok, size="nano", seed=0), tok)
     with pytest.raises(ValueError, match=r"^prompts with images, but the policy \(LlamaForCausalLM\) is a text model"):
         engine.generate(["1+1="], SamplingParams(n=1, max_new_tokens=2), images=[[image(0)]])
+
+
+def test_text_rows_for_a_vision_language_policy_and_a_prompt_whose_images_do_not_fit():
+    model, processor = tiny_vision_model("qwen2_5_vl")
+    engine, params = HFEngine(model, processor), SamplingParams(n=2, max_new_tokens=5)
+    text = processor.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    rollouts = engine.generate([text], params, generator=torch.Generator().manual_seed(0))  # no image: fine
+    logp, _ = response_logprobs_from_rollouts(model, rollouts)
+    sampled = rollouts.response_mask.bool()
+    torch.testing.assert_close(logp[sampled], rollouts.logp_roll[sampled], atol=1e-5, rtol=0)
+    for family in FAMILIES:  # more images than placeholders, and fewer
+        model, processor = tiny_vision_model(family)
+        engine = HFEngine(model, processor)
+        for shown, given in ((1, 2), (2, 1)):
+            with pytest.raises(ValueError, match=rf"^prompt 0: it has {given} image\(s\) and {shown} image "
+                                                 r"placeholder\(s\) \(.+\) in its text: give each image one"):
+                engine.generate([chat(processor, "hi", images=shown)], params, images=[[image(0)] * given])
