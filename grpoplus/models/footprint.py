@@ -97,6 +97,9 @@ def _trained_items(fp: Footprint, size: ModelSize) -> list[Item]:
         note = f" of the {trained / 1e6:.1f}M trained parameters (learner.freeze)"
     elif fp.freeze:
         note = " (learner.freeze: which parameters are frozen is not known without the architecture: all counted)"
+    if size.vision_params and not fp.train_vision and trained is not None:
+        trained -= size.vision_params
+        note += f" (the vision tower's {size.vision_params / 1e6:.2f}M frozen: learner.train_vision=false)"
     return [Item(f"weights, fp32 master{share}", param_bytes(params, FP32, fp.shards)),
             Item(f"gradients, fp32{note}{share}", param_bytes(trained, GRADIENT, fp.shards)),
             Item(f"AdamW moments (2), fp32{note}{share}", param_bytes(trained, ADAMW, fp.shards))]

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoplus.models.cpu_matmul import route
 from grpoplus.models.footprint import Footprint
-from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_count
+from grpoplus.models.memory import check_fits, gguf_parameter_count, hf_parameter_counts
 from grpoplus.models.qlora import FourBit, quantize_base
 from grpoplus.models.sizes import ModelSize, arch_from_config, find_known
 from grpoplus.models.vision import load_processor, with_processor
@@ -182,8 +182,9 @@ def _load_path(path: Path, dtype: torch.dtype, fits):
         if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
             raise ValueError(f"model dir {str(path)!r} has config.json but no weights (model.safetensors, "
                              "pytorch_model.bin or their shards); save them with model.save_pretrained(dir)")
-        fits(ModelSize(str(path), hf_parameter_count(path), "config.json",
-                       arch_from_config(json.loads((path / "config.json").read_text()))))
+        params, vision = hf_parameter_counts(path)
+        fits(ModelSize(str(path), params, "config.json", arch_from_config(json.loads((path / "config.json").read_text())),
+                       vision_params=vision))
         return load_hf_dir(path, dtype)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:

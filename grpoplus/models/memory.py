@@ -48,6 +48,12 @@ def give_back_freed_memory() -> bool:
 
 def hf_parameter_count(path: Path) -> int:
     """Parameters of the model a Hugging Face dir describes (its config.json, no weights read)."""
+    return hf_parameter_counts(path)[0]
+
+
+def hf_parameter_counts(path: Path) -> tuple[int, int]:
+    """(parameters, of which a vision-language model's vision tower and projector) of the model a Hugging Face dir
+    describes (its config.json, no weights read)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -63,7 +69,9 @@ def hf_parameter_count(path: Path) -> int:
             model = AutoModelForImageTextToText.from_config(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    from grpoplus.models.vision import vision_parameters
+
+    return sum(p.numel() for p in model.parameters()), vision_parameters(model)
 
 
 def gguf_parameter_count(file: Path) -> int:

@@ -155,6 +155,7 @@ class ModelSize:
     source: str
     arch: Arch | None = None
     on_disk: bool = False
+    vision_params: int = 0  # a vision-language model's vision tower and projector (frozen unless learner.train_vision)
 
 
 def model_size(name: str | None) -> ModelSize:
@@ -203,10 +204,11 @@ def builtin_size(name: str | None) -> ModelSize:
 
     if name == TINY_VISION:
         from grpoplus.models.tiny_vision import tiny_vision_model
+        from grpoplus.models.vision import vision_parameters
 
         model, _ = tiny_vision_model("qwen2_5_vl")
         return ModelSize(name, sum(p.numel() for p in model.parameters()), "the built-in tiny vision-language "
-                         "model's config", None, on_disk=True)
+                         "model's config", None, on_disk=True, vision_params=vision_parameters(model))
     vocab, family = len(char_tokenizer()), builtin_family(name)
     if family is not None:
         config = family_config(family, vocab, size="small")
@@ -242,7 +244,7 @@ def _on_disk_size(name: str, path: Path) -> ModelSize:
     """A local HF dir (config.json on the meta device) or a .gguf file / a dir holding one (its header)."""
     from grpoplus.core.needs import unmet
     from grpoplus.models.load import check_architecture
-    from grpoplus.models.memory import gguf_parameter_count, hf_parameter_count
+    from grpoplus.models.memory import gguf_parameter_count, hf_parameter_counts
 
     known = find_known(name)
     if path.is_dir() and (path / "config.json").is_file():
@@ -252,7 +254,8 @@ def _on_disk_size(name: str, path: Path) -> ModelSize:
             unmet(err)
             return ModelSize(name, None, "unknown (this transformers cannot build its architecture)", on_disk=True)
         arch = arch_from_config(json.loads((path / "config.json").read_text()))
-        return ModelSize(name, hf_parameter_count(path), f"config.json of {path}", arch, on_disk=True)
+        params, vision = hf_parameter_counts(path)
+        return ModelSize(name, params, f"config.json of {path}", arch, on_disk=True, vision_params=vision)
     ggufs = [path] if path.is_file() else sorted(path.glob("*.gguf"))
     if len(ggufs) == 1 and ggufs[0].suffix == ".gguf":
         return ModelSize(name, gguf_parameter_count(ggufs[0]), f"GGUF header of {ggufs[0]}",

@@ -49,6 +49,16 @@ VISION_PARTS = ("visual", "vision_tower", "multi_modal_projector", "vision_model
 ``vision_model`` and ``connector``."""
 
 
+def _is_vision_part(name: str) -> bool:
+    return any(f".{part}." in f".{name}." for part in VISION_PARTS)
+
+
+def vision_parameters(model: torch.nn.Module) -> int:
+    """Parameters of a vision-language ``model``'s vision tower and projector (0 for a text model)."""
+    return sum(p.numel() for name, p in model.named_parameters() if _is_vision_part(name)) if is_vision_model(model) \
+        else 0
+
+
 def freeze_vision(model: torch.nn.Module) -> int:
     """Freeze the vision tower and projector of a vision-language ``model`` (learner.train_vision=false); the
     elements frozen (0 for a text model)."""
@@ -56,7 +66,7 @@ def freeze_vision(model: torch.nn.Module) -> int:
         return 0
     frozen = 0
     for name, p in model.named_parameters():
-        if any(f".{part}." in f".{name}." for part in VISION_PARTS) and p.requires_grad:
+        if _is_vision_part(name) and p.requires_grad:
             p.requires_grad_(False)
             frozen += p.numel()
     return frozen

@@ -100,3 +100,19 @@ def test_train_runs_a_vision_language_policy_on_rows_with_images(vlm_dir, tmp_pa
     trained, _ = load_policy(str(out / "checkpoints" / "step-2"))  # a model dir: its processor saved with it
     moved = {k for k, v in trained.state_dict().items() if not torch.equal(v, before[k])}
     assert moved and not any(f".{part}." in f".{k}." for k in moved for part in VISION_PARTS)  # the tower frozen
+
+
+def test_the_dry_run_counts_no_optimizer_state_for_the_frozen_vision_tower(vlm_dir, tmp_path):
+    from grpoplus.dryrun import dry_run
+    from grpoplus.models.tiny_vision import tiny_vision_model
+    from grpoplus.models.vision import vision_parameters
+
+    model, _ = tiny_vision_model("qwen2_5_vl")
+    total, tower = sum(p.numel() for p in model.parameters()), vision_parameters(model)
+    assert 0 < tower < total
+    frozen, trained = (
+        {i.what.split(" (")[0]: i.bytes for i in dry_run(overrides=[f"learner.model={vlm_dir}", "task=shapes", *extra]
+                                                         ).devices[0].items}
+        for extra in ([], ["learner.train_vision=true"]))
+    assert frozen["gradients, fp32"] == (total - tower) * 4 and trained["gradients, fp32"] == total * 4
+    assert frozen["weights, fp32 master"] == trained["weights, fp32 master"] == total * 4

@@ -81,7 +81,7 @@ def test_the_learner_scores_what_the_engine_sampled_with_the_same_images(family)
     assert (other - logp)[sampled].abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_two_updates_train_a_vision_language_policy(family):
     model, processor = tiny_vision_model(family)
     rollouts = sample(model, processor, new_tokens=8)
