@@ -26,6 +26,7 @@ import torch
 
 from grpoplus.models.cpu_matmul import route_like
 from grpoplus.models.qlora import is_4bit, plain_linear_types
+from grpoplus.models.vision import is_vision_model, is_vision_part
 
 ADAPTER_FILE = "adapter_model.safetensors"
 INSTALL_HINT = "pip install peft (or pip install -e '.[lora]')"
@@ -52,6 +53,8 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, ta
     if is_4bit(model):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = _all_linear(model) if list(target_modules) == ["all-linear"] else list(target_modules)
+    if is_vision_model(model):  # the language model's layers only: the vision tower stays as it is
+        targets = language_linears(model, None if list(target_modules) == ["all-linear"] else list(target_modules))
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
                         task_type="CAUSAL_LM")
     try:
@@ -61,6 +64,15 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, ta
                         if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"learner.lora_target_modules={list(target_modules)}: {str(err).splitlines()[0]}; "
                          f"the model's linear layers are {', '.join(names)} (or use all-linear)") from None
+
+
+def language_linears(model: torch.nn.Module, names: list[str] | None) -> list[str]:
+    """A vision-language model's linear layers that get adapters: the language model's (every one but the LM head,
+    or those whose last name part is in ``names``), by full name; none of the vision tower's or projector's."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    plain = plain_linear_types(model)
+    return [name for name, m in model.named_modules() if type(m) in plain and m is not head
+            and not is_vision_part(name) and (names is None or name.rpartition(".")[2] in names)] or list(names or [])
 
 
 def _all_linear(model: torch.nn.Module) -> str | list[str]:

@@ -49,13 +49,14 @@ VISION_PARTS = ("visual", "vision_tower", "multi_modal_projector", "vision_model
 ``vision_model`` and ``connector``."""
 
 
-def _is_vision_part(name: str) -> bool:
+def is_vision_part(name: str) -> bool:
+    """Whether a parameter or module name lies in a vision tower or projector (:data:`VISION_PARTS`)."""
     return any(f".{part}." in f".{name}." for part in VISION_PARTS)
 
 
 def vision_parameters(model: torch.nn.Module) -> int:
     """Parameters of a vision-language ``model``'s vision tower and projector (0 for a text model)."""
-    return sum(p.numel() for name, p in model.named_parameters() if _is_vision_part(name)) if is_vision_model(model) \
+    return sum(p.numel() for name, p in model.named_parameters() if is_vision_part(name)) if is_vision_model(model) \
         else 0
 
 
@@ -66,7 +67,7 @@ def freeze_vision(model: torch.nn.Module) -> int:
         return 0
     frozen = 0
     for name, p in model.named_parameters():
-        if _is_vision_part(name) and p.requires_grad:
+        if is_vision_part(name) and p.requires_grad:
             p.requires_grad_(False)
             frozen += p.numel()
     return frozen

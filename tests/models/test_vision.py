@@ -138,3 +138,23 @@ def test_text_rows_for_a_vision_language_policy_and_a_prompt_whose_images_do_not
             with pytest.raises(ValueError, match=rf"^prompt 0: it has {given} image\(s\) and {shown} image "
                                                  r"placeholder\(s\) \(.+\) in its text: give each image one"):
                 engine.generate([chat(processor, "hi", images=shown)], params, images=[[image(0)] * given])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_lora_adapts_the_language_model_alone_and_the_merged_sampler_sees_the_images(family):
+    pytest.importorskip("peft", reason="LoRA: pip install -e '.[lora]'")
+    from grpoplus.models.lora import add_lora
+    from grpoplus.models.vision import is_vision_part
+
+    model, processor = tiny_vision_model(family)
+    policy = add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
+    adapted = {name for name, _ in policy.named_parameters() if "lora_A" in name}
+    assert adapted and not any(is_vision_part(name.replace("base_model.model.", "")) for name in adapted)
+    with torch.no_grad():  # adapters that change the policy (B starts at zero)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    rollouts = sample(policy, processor)  # sampled through the merged plain module
+    logp, _ = response_logprobs_from_rollouts(policy, rollouts)
+    sampled = rollouts.response_mask.bool()
+    torch.testing.assert_close(logp[sampled], rollouts.logp_roll[sampled], atol=1e-5, rtol=0)
