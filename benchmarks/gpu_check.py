@@ -202,7 +202,7 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
                                            str(gpu_dir / "tokenizer")], shape, 180) == 0 for shape in shapes}
     for pair in range(rounds):
         for shape in (s for s in shapes if saved[s]):
-            for side, overrides in SIDES:
+            for side, overrides in SIDES[:2] if tiny else SIDES:  # the rehearsal: TRL and the new path
                 profile = ["--profile", str(out / "profile")] if pair == 0 and (side == "trl" or overrides) else []
                 rc = call(f"{' '.join([side, *overrides])} {shape} (pair {pair + 1})",
                           [side, "--shape", shape, "--device", device, *(TINY if tiny else FULL), *profile, *overrides],
