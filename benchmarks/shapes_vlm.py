@@ -2,16 +2,16 @@
 
 Per seed, as a user runs it (the CLI, in subprocesses, one at a time):
 
-1. ``grpoplus sft --task shapes --model tiny-vlm learner.train_vision=true max_steps=60 sft.direct_frac=0.25 ...``:
-   a short supervised warm start (its vision tower trains too: it starts random) on the task's answers, three in
-   four of them worked cell by cell (``x..x#2``) and the others the count alone (``#2``), stopped before the tiny
-   model has learnt to count (it does between steps 60 and 100, depending on the seed);
-2. ``grpoplus train --task shapes --model SFT/checkpoints/step-60 max_steps=100 eval_every=25``: GRPO (the
+1. ``grpoplus sft --task shapes --model tiny-vlm learner.train_vision=true max_steps=40 ...``: a short supervised
+   warm start (its vision tower trains too: it starts random) on the task's answers, half of them worked cell by
+   cell (``x..x#2``), half the count alone (``#2``), leaving the policy partly trained;
+2. ``grpoplus train --task shapes --model SFT/checkpoints/step-40 max_steps=60 eval_every=20``: GRPO (the
    defaults, the vision tower frozen) from that checkpoint.
 
-Figures per seed: held-out greedy accuracy (128 pictures the warm start never saw) before and after RL, the curve
-every 25 steps, and each stage's wall seconds. The target (issue 47): accuracy up by at least 20 points on each
-of 3 seeds within 15 minutes of RL on a 2-core CPU. ``--record [DIR]`` stores the figures as a record
+Figures per seed: held-out accuracy (128 pictures the warm start never saw), greedy and sampled (one completion per
+picture at the run's temperature), before and after RL, the curves every 20 steps, and each stage's wall seconds.
+The target (issue 47): accuracy up by at least 20 points on each of 3 seeds within 15 minutes of RL on a 2-core
+CPU. ``--record [DIR]`` stores the figures as a record
 (:mod:`records`)::
 
     python benchmarks/shapes_vlm.py --seeds 0 1 2 --record
@@ -27,12 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-WARM_STEPS, RL_STEPS, EVAL = 60, 100, 128
+WARM_STEPS, RL_STEPS, EVAL = 40, 60, 128
 SFT = ["learner.train_vision=true", f"max_steps={WARM_STEPS}", "demos_per_step=32", "lr=3e-3", "warmup_steps=10",
-       "sft.direct_frac=0.25",
        "lr_schedule=constant", f"eval_every={WARM_STEPS}", f"eval_size={EVAL}", f"save_every={WARM_STEPS}",
        "progress=false"]
-RL = [f"max_steps={RL_STEPS}", "eval_every=25", f"eval_size={EVAL}", "progress=false"]
+RL = [f"max_steps={RL_STEPS}", "eval_every=20", f"eval_size={EVAL}", "progress=false"]
 
 
 def run(args: list[str]) -> float:
@@ -44,10 +43,11 @@ def run(args: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out greedy accuracy) of every evaluation of a run."""
+def curve(run_dir: Path, key: str = "eval/accuracy") -> list[tuple[int, float]]:
+    """(step, held-out accuracy) of every evaluation of a run: greedy (``eval/accuracy``) or sampled
+    (``eval/accuracy_sampled``)."""
     rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-    return [(r["step"], round(r["eval/accuracy"], 4)) for r in rows if "eval/accuracy" in r]
+    return [(r["step"], round(r[key], 4)) for r in rows if key in r]
 
 
 def seed_figures(seed: int, folder: Path) -> dict:
@@ -55,11 +55,12 @@ def seed_figures(seed: int, folder: Path) -> dict:
     sft_s = run(["sft", "--task", "shapes", "--model", "tiny-vlm", "--out", str(warm), f"seed={seed}", *SFT])
     rl_s = run(["train", "--task", "shapes", "--model", str(warm / "checkpoints" / f"step-{WARM_STEPS}"),
                 "--out", str(rl), f"seed={seed}", *RL])
-    points = curve(rl)
-    before, after = points[0][1], points[-1][1]
-    return {"seed": seed, "accuracy_before": before, "accuracy_after": after,
-            "gain_points": round(100 * (after - before), 1), "curve": points, "sft_s": round(sft_s, 1),
-            "rl_s": round(rl_s, 1)}
+    greedy, sampled = curve(rl), curve(rl, "eval/accuracy_sampled")
+    return {"seed": seed, "greedy_before": greedy[0][1], "greedy_after": greedy[-1][1],
+            "greedy_gain_points": round(100 * (greedy[-1][1] - greedy[0][1]), 1),
+            "sampled_before": sampled[0][1], "sampled_after": sampled[-1][1],
+            "sampled_gain_points": round(100 * (sampled[-1][1] - sampled[0][1]), 1),
+            "greedy_curve": greedy, "sampled_curve": sampled, "sft_s": round(sft_s, 1), "rl_s": round(rl_s, 1)}
 
 
 def main() -> None:
@@ -74,9 +75,12 @@ def main() -> None:
         for seed in args.seeds:
             rows.append(seed_figures(seed, Path(folder)))
             print(json.dumps(rows[-1]), flush=True)
-    summary = {"min_gain_points": min(r["gain_points"] for r in rows), "max_rl_s": max(r["rl_s"] for r in rows),
-               "target": "gain >= 20 points on every seed, RL within 900 s",
-               "met": all(r["gain_points"] >= 20 and r["rl_s"] <= 900 for r in rows)}
+    within = all(r["rl_s"] <= 900 for r in rows)
+    summary = {"min_greedy_gain_points": min(r["greedy_gain_points"] for r in rows),
+               "min_sampled_gain_points": min(r["sampled_gain_points"] for r in rows),
+               "max_rl_s": max(r["rl_s"] for r in rows), "target": "gain >= 20 points on every seed, RL within 900 s",
+               "met_greedy": within and all(r["greedy_gain_points"] >= 20 for r in rows),
+               "met_sampled": within and all(r["sampled_gain_points"] >= 20 for r in rows)}
     print(json.dumps(summary))
     if args.record is not None:
         sys.path.append(str(Path(__file__).resolve().parent))

@@ -55,7 +55,10 @@ def draw_picture(rng: random.Random, cells: tuple[bool, ...], difficulty: int):
 
 
 def draw_shapes(rng: random.Random, number: int, difficulty: int) -> Example:
-    cells = tuple(rng.random() < 0.5 for _ in range(4))
+    """A picture of 0..4 shapes, each count as likely (no answer is right more often than by a fifth), in cells
+    drawn at random."""
+    filled = set(rng.sample(range(4), rng.randint(0, 4)))
+    cells = tuple(k in filled for k in range(4))
     marks = "".join("x" if c else "." for c in cells)
     prompt = f"Picture {number}: how many shapes? Answer #n."
     return Example(prompt=prompt, answer=str(sum(cells)), fields={"cells": marks},
