@@ -210,9 +210,9 @@ def load_hf_dir(path: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _model_type(path: Path) -> str | None:
+def _model_type(path: Path | str) -> str | None:
     try:
-        return json.loads((path / "config.json").read_text()).get("model_type")
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return None
 

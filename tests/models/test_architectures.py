@@ -212,7 +212,7 @@ def test_an_architecture_transformers_lacks_is_one_line_before_any_weight(tmp_pa
 def test_a_built_in_tiny_model_of_every_architecture_is_named_tiny_type(tmp_path, monkeypatch):
     assert is_builtin("tiny-qwen3_5_text") and builtin_family("tiny-qwen3_5_text") == "qwen3_5_text"
     with pytest.raises(ValueError, match="^no built-in model 'tiny-qwen9': the built-in tiny models are "
-                                         "tiny-moe, tiny-untrained and "):
+                                         "tiny-moe, tiny-untrained, tiny-vlm and "):
         is_builtin("tiny-qwen9")
     assert dry_run(overrides=["model=tiny-qwen3_5_text"]).policy.params == sum(
         p.numel() for p in tiny_family_model(char_tokenizer(), "qwen3_5_text", size="small").parameters())
