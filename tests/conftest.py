@@ -143,3 +143,26 @@ def vllm_server(tmp_path_factory):
     spec.loader.exec_module(serving)
     with serving.vllm_server(tmp_path_factory.mktemp("served")) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _transformers_classes_as_vllm_found_them():
+    """vLLM's transformers backend patches a model's transformers classes in place (a compile wrapper as a base, an
+    ``__init__`` that wants vLLM's config): a later test of the same worker that builds such a model would fail.
+    Each test ends with the classes restored."""
+    yield
+    import sys
+
+    decorators = sys.modules.get("vllm.compilation.decorators")
+    wrapper = getattr(decorators, "TorchCompileWithNoGuardsWrapper", None)
+    if wrapper is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if name.startswith("transformers.models.") and module is not None:
+            for cls in list(vars(module).values()):
+                if isinstance(cls, type) and wrapper in cls.__bases__:
+                    init = cls.__dict__.get("__init__")
+                    cells = dict(zip(init.__code__.co_freevars, init.__closure__ or ())) if init else {}
+                    if "old_init" in cells:
+                        cls.__init__ = cells["old_init"].cell_contents
+                    cls.__bases__ = tuple(b for b in cls.__bases__ if b is not wrapper)
