@@ -121,14 +121,14 @@ def build_task_and_model(plan: RunPlan):
     """The task (built-in or a data set), its train/test examples (those whose prompts fit the model's context, per
     data.long_prompts), the policy with its tokenizer, and the prompt-length metrics for step 0's record (none
     with data.long_prompts=refuse: nothing was changed)."""
-    from grpoplus.models.load import TINY_VISION, is_builtin
+    from grpoplus.models.load import builtin_without_template
     from grpoplus.tasks import check_chat_prompts
 
     data, seed, where = plan.data, plan.seed, plan.placement
     tasks, rows = builtin_tasks(data, seed), data_rows(data)  # a data set's rows are checked before the model loads
     if tasks:  # refused before the tiny model's warm start (and by the config rule task)
         check_chat_prompts(data.task, getattr(tasks[0], "chat", False), data.chat_template,
-                           is_builtin(data.model) and data.model != TINY_VISION)  # the tiny VLM has a template
+                           builtin_without_template(data.model))
     # on Ray the roles load their own; a sharded learner's rank 0 may keep its copy in host memory
     host = where.driver_copy_in_host_memory
     model, tokenizer = build_policy(plan.learner.policy, "cpu" if host else where.device, seed,

@@ -297,7 +297,7 @@ def _task(cfg: Config) -> None:
     """A built-in task (data.task, without data.data) exists, takes data.task_kwargs and data.difficulty (one of its
     levels), and writes prompts its model reads: chat prompts need an instruct model's chat template, which the
     built-in tiny model has not (or data.chat_template=false)."""
-    from grpoplus.models.load import TINY_VISION, is_builtin
+    from grpoplus.models.load import builtin_without_template
     from grpoplus.models.vision import check_vision_policy
     from grpoplus.tasks import TASKS, check_chat_prompts, check_task_args
 
@@ -312,7 +312,7 @@ def _task(cfg: Config) -> None:
         _named(f"data.task={d.task}", check_vision_policy, d.task, cfg.learner.model)
     if d.task in TASKS:
         _as_config_error(check_chat_prompts, d.task, getattr(TASKS.get(d.task), "chat", False), d.chat_template,
-                         is_builtin(cfg.learner.model) and cfg.learner.model != TINY_VISION)  # the tiny VLM has one
+                         builtin_without_template(cfg.learner.model))
 
 
 @rule("cpu_matmul")

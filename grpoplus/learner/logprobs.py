@@ -265,9 +265,8 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     vision-language model's rows (one :class:`~grpoplus.models.vision.VisionInputs` each): a padded forward of the
     model's own logits with their images."""
     n, T = response_ids.shape
-    if vision is not None:
-        return _vision_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                            vision)
+    if vision is not None:  # padded, every row whole: no packing or prompt sharing for images yet
+        packing, share_prompts = False, False
     if packing == "auto":  # packed where that computes less (grpoplus.learner.packing.packing_pays)
         packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False)
     # share_prompts="always": two body passes whatever the rows (see response_logprobs)
@@ -277,7 +276,10 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     if t1 == 0:  # no response token at all: nothing to score
         zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
-    head = chunked_head(model)
+    head, extra = chunked_head(model), None
+    if vision is not None:  # the model's own logits, with the rows' images and their positions (Qwen's three rows)
+        head, extra = None, forward_inputs(vision, prompt_mask[:, p0:], t1)
+        position_ids = vision_positions(model, input_ids, attention_mask, extra)
     tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
     packed = pack_rows(input_ids, attention_mask, position_ids, mask.bool().nonzero(as_tuple=True),
                        input_ids.shape[1] - t1) if packing else None
@@ -287,24 +289,11 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     # real tokens).
     with nullcontext() if routing is None else routing(cols, None if packed is None else packed.keep):
         logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
-                                   packed=packed) if head is not None else _logits_path(model, *args, packed=packed)
+                                   packed=packed) if head is not None else _logits_path(model, *args, packed=packed,
+                                                                                          extra=extra)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
-
-
-def _vision_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy, vision):
-    n, T = response_ids.shape
-    input_ids, attention_mask, _, p0, t1 = trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-    if t1 == 0:
-        zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
-        return zeros, zeros.clone() if with_entropy else None
-    extra = forward_inputs(vision, prompt_mask[:, p0:], t1)
-    position_ids = vision_positions(model, input_ids, attention_mask, extra)
-    logp, entropy = _logits_path(model, input_ids, attention_mask, position_ids, response_ids[:, :t1],
-                                 response_mask[:, :t1], temperature, with_entropy, extra=extra)
-    pad = (0, T - t1)
-    return torch.nn.functional.pad(logp, pad), torch.nn.functional.pad(entropy, pad) if with_entropy else None
 
 
 LEARNER_FORWARD = "grpoplus_logprobs"

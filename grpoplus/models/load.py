@@ -66,6 +66,12 @@ def builtin_family(model: str | None) -> str | None:
                      f"{', '.join(TINY_PREFIX + f for f in sorted(FAMILIES))} (or give a model directory)")
 
 
+def builtin_without_template(model: str | None) -> bool:
+    """A built-in tiny model whose character tokenizer has no chat template (all but ``tiny-vlm``, whose processor's
+    template shows images)."""
+    return is_builtin(model) and model != TINY_VISION
+
+
 def is_builtin(model: str | None) -> bool:
     """True for the names of the built-in tiny models (warm-started on a task, character tokenizer): None (the
     Llama), ``tiny-moe`` and ``tiny-<model_type>`` of every architecture in grpoplus.models.families."""

@@ -227,9 +227,10 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 def vision_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      kwargs: dict) -> torch.Tensor:
     """Position ids of a forward over left-padded prompts (and right-padded responses): Qwen's three rows
-    ([3, n, L], from the model's ``get_rope_index``) where the model has them, else real tokens counted ([n, L])."""
+    ([3, n, L], from the model's ``get_rope_index``) where a vision-language model has them, else real tokens
+    counted ([n, L]: a text model's, the engine's and the learner's convention)."""
     base = getattr(model, "model", model)
-    if hasattr(base, "get_rope_index"):
+    if is_vision_model(model) and hasattr(base, "get_rope_index"):
         types = kwargs.get("mm_token_type_ids", torch.zeros_like(input_ids))
         positions, _ = base.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=kwargs.get("image_grid_thw"),
                                            attention_mask=attention_mask)

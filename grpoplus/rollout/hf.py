@@ -141,8 +141,7 @@ def prefill(model, input_ids, attention_mask, repeats, capacity: int, step: Comp
     extra = {} if vision is None else forward_inputs(vision, attention_mask, 0)
     # Position of every real token counted from the row's first real token (left padding); Qwen's three rows of an
     # image's tokens (grpoplus.models.vision)
-    position_ids = vision_positions(model, input_ids, attention_mask, extra) if vision is not None else \
-        (attention_mask.cumsum(1) - 1).clamp(min=0)  # [b, P]
+    position_ids = vision_positions(model, input_ids, attention_mask, extra)  # [b, P] or [3, b, P]
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra,
                    **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
