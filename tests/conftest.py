@@ -74,14 +74,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+TEST_CACHE = "GRPOPLUS_TEST_CACHE"
+"""When set, a fresh folder the caller made for one CI run, where every test session of the run keeps the built-in
+model's warm starts (.ci/run: the second session, with the extras, builds none of the first one's again)."""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def warm_start_cache(tmp_path_factory):
     """Every test session builds the built-in model's warm starts afresh, once each (a run's first use; the tests
-    that build one on purpose point ``GRPOPLUS_CACHE`` elsewhere): never a user's ~/.cache, nor a stale one."""
+    that build one on purpose point ``GRPOPLUS_CACHE`` elsewhere): never a user's ~/.cache, nor a stale one. Under
+    pytest-xdist the workers share one cache (the session's base folder), so each warm start is built once, not
+    once per worker: a worker asking for one another is building waits for it (the lock of build_warmstart)."""
     import os
 
     before = os.environ.get("GRPOPLUS_CACHE")
-    os.environ["GRPOPLUS_CACHE"] = str(tmp_path_factory.mktemp("grpoplus-cache"))
+    if os.environ.get(TEST_CACHE):  # a folder made for this CI run: its test sessions share their warm starts
+        os.environ["GRPOPLUS_CACHE"] = os.environ[TEST_CACHE]
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "grpoplus-cache"  # the workers' common folder
+        shared.mkdir(exist_ok=True)
+        os.environ["GRPOPLUS_CACHE"] = str(shared)
+    else:
+        os.environ["GRPOPLUS_CACHE"] = str(tmp_path_factory.mktemp("grpoplus-cache"))
     yield os.environ["GRPOPLUS_CACHE"]
     if before is None:
         os.environ.pop("GRPOPLUS_CACHE", None)

@@ -47,6 +47,11 @@ def load_image(source):
     return _open(source).convert("RGB")
 
 
+def image_size(source) -> tuple[int, int]:
+    """(width, height) of a source from :func:`image_sources`, read from its header (the pixels are not decoded)."""
+    return tuple(_open(source).size)
+
+
 def image_messages(prompt: str | list[dict], count: int) -> list[dict]:
     """The chat messages of a prompt with ``count`` images: a text prompt becomes one user message showing the
     images, then the text; a message list keeps its own image entries (their number must be ``count``)."""

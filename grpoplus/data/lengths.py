@@ -89,7 +89,8 @@ def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None,
     if limit is None:
         return PromptFit(list(train), list(test))
     parts = (("training", train), ("held-out", test))
-    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part]) for name, part in parts}
+    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part], [getattr(ex, "images", ()) for ex in part])
+             for name, part in parts}
     long = [(n, name, i) for name, _ in parts for i, n in enumerate(sizes[name]) if n > limit.tokens]
     if not long:
         return PromptFit(list(train), list(test))
@@ -104,14 +105,20 @@ def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None,
     return PromptFit(cut[0], cut[1], truncated=len(long))
 
 
-def prompt_tokens(tokenizer, prompts: list) -> list[int]:
+def prompt_tokens(tokenizer, prompts: list, images: list | None = None) -> list[int]:
     """Each prompt's length as the engine encodes it: text with the tokenizer's special tokens added, token ids as
-    they are; 0 for anything else (not measured)."""
+    they are; 0 for anything else (not measured). ``images``: each prompt's image sources, whose tokens the model's
+    processor adds (:func:`grpoplus.models.vision.image_tokens`; a tokenizer without one adds none)."""
+    from grpoplus.models.vision import image_tokens, processor_of
+
     texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
     sizes = [len(p) if _is_ids(p) else 0 for p in prompts]
     if texts:
         for i, ids in zip(texts, tokenizer([prompts[i] for i in texts])["input_ids"]):
             sizes[i] = len(ids)
+    processor = processor_of(tokenizer)
+    if processor is not None and images is not None:
+        sizes = [n + (image_tokens(processor, shown) if shown else 0) for n, shown in zip(sizes, images)]
     return sizes
 
 
@@ -120,6 +127,9 @@ def cut_left(tokenizer, example, tokens: int):
     re-encoding is checked (a cut text may merge into other tokens), and a cut that still re-encodes longer is made
     one token shorter, up to :data:`RECUTS` times."""
     prompt = example.prompt
+    if getattr(example, "images", ()):
+        raise ValueError(f"{_where(example, 'a prompt')}: a prompt with images is not cut (its image tokens would be "
+                         "cut apart); set data.long_prompts=drop, or raise data.max_prompt_tokens")
     if _is_ids(prompt):
         return dataclasses.replace(example, prompt=list(prompt)[-tokens:])
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from grpoplus.data.lengths import prompt_tokens
+from grpoplus.models.vision import processor_of
 from grpoplus.plan import RunPlan
 
 PROMPT_SAMPLE = 256
@@ -73,8 +74,11 @@ def prompt_lengths(plan: RunPlan) -> tuple[float | None, int | None, str, str | 
     prompts = [_text(ex.prompt) for ex in train[:PROMPT_SAMPLE]]
     if not prompts:
         return None, None, "unknown (no training prompts)", None
-    lengths = prompt_tokens(tokenizer, prompts)  # special tokens added, as the engines encode (the run's rule)
+    images = [getattr(ex, "images", ()) for ex in train[:PROMPT_SAMPLE]]  # their tokens counted (the processor's)
+    lengths = prompt_tokens(tokenizer, prompts, images)  # special tokens added, as the engines encode (the run's rule)
     turn = ", first turn" if plan.collection.env is not None else ""
+    if any(images) and processor_of(tokenizer) is not None:
+        turn += ", their images' tokens included"
     return (statistics.fmean(lengths), max(lengths), f"measured on {len(lengths)} training prompts{turn}",
             prompt_fit(plan, tokenizer, train, test))
 
@@ -117,8 +121,14 @@ def _tokenizer(model: str | None):
     on disk (never its weights)."""
     from pathlib import Path
 
-    from grpoplus.models.load import SMOLLM2, is_builtin, load_tokenizer
+    from grpoplus.models.load import SMOLLM2, TINY_VISION, is_builtin, load_tokenizer
 
+    if model == TINY_VISION:  # its processor's tokenizer, carrying the processor (image tokens counted)
+        from grpoplus.models.tiny_vision import VISION_FAMILIES
+        from grpoplus.models.vision import with_processor
+
+        processor = VISION_FAMILIES["qwen2_5_vl"]()[1]
+        return with_processor(processor.tokenizer, processor), None
     if is_builtin(model):
         from grpoplus.models.tokenizer import char_tokenizer
 

@@ -125,7 +125,8 @@ def base_items(fp: Footprint, size: ModelSize) -> list[Item]:
                      param_bytes(params, FP32))]
     return [Item(f"base: decoder layers' linear weights in 4-bit {q} (with a float32 scale per block), frozen",
                  arch.four_bit_bytes()),
-            Item("base: the rest (embeddings, norms, LM head), fp32, frozen", (params - arch.block_linear_weights()) * FP32)]
+            Item(f"base: the rest (embeddings, norms, LM head{', the vision tower' if size.vision_params else ''}), "
+                 "fp32, frozen", (params - arch.block_linear_weights()) * FP32)]
 
 
 def frozen_item(precision: str, size: ModelSize, what: str) -> Item:

@@ -168,7 +168,10 @@ def load_tokenizer(model: str):
     if file.is_file():
         with _without_gguf_bar():
             return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
-    return AutoTokenizer.from_pretrained(file, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(file, local_files_only=True)
+    if _model_type(file) in IMAGE_TEXT_TO_TEXT:  # its processor, as load_hf_dir's (the image tokens are counted)
+        return with_processor(tokenizer, load_processor(file))
+    return tokenizer
 
 
 def _load_path(path: Path, dtype: torch.dtype, fits):

@@ -62,6 +62,16 @@ def hf_parameter_counts(path: Path) -> tuple[int, int]:
     except Exception as err:  # noqa: BLE001 - boundary: a user's file, whatever transformers makes of it, in one line
         raise ValueError(f"model dir {str(path)!r}: config.json is not a usable model config "
                          f"({str(err).splitlines()[0]}); point at a Hugging Face model dir") from None
+    return config_parameter_counts(config)
+
+
+def config_parameter_counts(config) -> tuple[int, int]:
+    """(parameters, of which the vision tower and projector) of the model a transformers ``config`` describes, built
+    on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    from grpoplus.models.vision import vision_parameters
+
     with torch.device("meta"):
         if getattr(config, "vision_config", None) is not None:  # an image-text-to-text model, vision tower included
             from transformers import AutoModelForImageTextToText
@@ -69,8 +79,6 @@ def hf_parameter_counts(path: Path) -> tuple[int, int]:
             model = AutoModelForImageTextToText.from_config(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
-    from grpoplus.models.vision import vision_parameters
-
     return sum(p.numel() for p in model.parameters()), vision_parameters(model)
 
 

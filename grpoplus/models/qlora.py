@@ -3,7 +3,7 @@
 ``learner.quantize=nf4`` (or ``fp4``) turns the linear layers of the decoder blocks into bitsandbytes
 ``Linear4bit`` layers when the policy is loaded: each weight is stored as 4-bit codes with one float32 scale per
 block of 64 (or 32) weights, and dequantised to the compute dtype (the learner's: float32 or bfloat16) inside
-each forward. The LM head, the embeddings and the norms stay as loaded. LoRA adapters (:mod:`grpoplus.models.lora`)
+each forward. The LM head, the embeddings, the norms and a vision-language model's vision tower stay as loaded. LoRA adapters (:mod:`grpoplus.models.lora`)
 then train on top in full precision, the 4-bit weights frozen.
 
 Every way grpoplus loads a model ends in a model in memory (a .gguf file is de-quantised by transformers, the
@@ -56,16 +56,19 @@ def stored_bytes(in_features: int, out_features: int) -> int:
 def quantize_base(model: torch.nn.Module, four_bit: FourBit) -> torch.nn.Module:
     """``model`` with the plain ``nn.Linear`` layers of its decoder blocks made frozen bitsandbytes ``Linear4bit``
     layers, in place (each full-precision weight is freed once its layer is quantised, on the device it is on).
-    Not quantised: the output embedding (the LM head), layers that subclass ``nn.Linear`` to compute something
+    Not quantised: the output embedding (the LM head), a vision-language model's vision tower and projector (frozen
+    as loaded, so the images read as in the model as published), layers that subclass ``nn.Linear`` to compute something
     else (routers), and layers whose input width no block size divides. Marks the model as peft recognises a
     4-bit base (``is_loaded_in_4bit``), so its adapters wrap the 4-bit layers."""
     import bitsandbytes as bnb
     from transformers import BitsAndBytesConfig
     from transformers.integrations import replace_with_bnb_linear
 
+    from grpoplus.models.vision import is_vision_part
+
     head = model.get_output_embeddings()
-    quantized = {name: m for name, m in model.named_modules()
-                 if type(m) is torch.nn.Linear and m is not head and block_size(m.in_features)}
+    quantized = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head
+                 and block_size(m.in_features) and not is_vision_part(name)}
     kept = [re.escape(name) + "$" for name, m in model.named_modules()  # exact names: patterns match prefixes too
             if isinstance(m, torch.nn.Linear) and name not in quantized]
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=four_bit.quant_type,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALL_LINEAR = "all-linear"
+QKV_BIAS = ("qwen2", "qwen2_vl", "qwen2_5_vl")
+"""Model types (and their ``_text`` language models) whose q, k and v projections have a bias."""
 
 
 @dataclass(frozen=True)
@@ -115,12 +117,33 @@ class Known:
     with it) and the parameter count its model card states (the table's counts are checked against it)."""
 
     repo: str
-    arch: Arch
+    arch: Arch  # the language model's
     card: str  # the count as the model card writes it: "1.54B", "135M"
+    vision: dict | None = None  # a vision-language model's config.json: model_type and vision_config
 
     @property
     def card_count(self) -> float:
         return float(self.card[:-1]) * {"M": 1e6, "B": 1e9}[self.card[-1]]
+
+    def vision_parameters(self) -> int:
+        """The vision tower's and projector's parameters (0 for a text model), built from the published vision
+        config on the meta device."""
+        if self.vision is None:
+            return 0
+        from transformers import AutoConfig
+
+        from grpoplus.models.memory import config_parameter_counts
+
+        text = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=2, vocab_size=128, bos_token_id=None,
+                    eos_token_id=None)  # a stand-in: not counted here
+        config = AutoConfig.for_model(self.vision["model_type"], text_config=text,
+                                      vision_config=self.vision["vision_config"])
+        return config_parameter_counts(config)[1]
+
+    def parameters(self) -> int:
+        """Every parameter: the language model's and the vision tower's."""
+        return self.arch.parameters() + self.vision_parameters()
 
 
 KNOWN: dict[str, Known] = {
@@ -132,6 +155,13 @@ KNOWN: dict[str, Known] = {
                                  Arch(2048, 11008, 36, 16, 2, 151936, tied=True, qkv_bias=True), "3.09B"),
     "Qwen2.5-7B-Instruct": Known("Qwen/Qwen2.5-7B-Instruct",
                                  Arch(3584, 18944, 28, 28, 4, 152064, tied=False, qkv_bias=True), "7.61B"),
+    "Qwen2.5-VL-3B-Instruct": Known("Qwen/Qwen2.5-VL-3B-Instruct",
+                                    Arch(2048, 11008, 36, 16, 2, 151936, tied=True, qkv_bias=True), "3.75B",
+                                    vision=dict(model_type="qwen2_5_vl", vision_config=dict(
+                                        depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                                        out_hidden_size=2048, patch_size=14, spatial_merge_size=2,
+                                        temporal_patch_size=2, window_size=112,
+                                        fullatt_block_indexes=[7, 15, 23, 31]))),
     "Llama-3.1-8B-Instruct": Known("meta-llama/Llama-3.1-8B-Instruct",
                                    Arch(4096, 14336, 32, 32, 8, 128256, tied=False), "8B"),
     "SmolLM2-135M-Instruct": Known("HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -171,8 +201,8 @@ def model_size(name: str | None) -> ModelSize:
         return _on_disk_size(name, path)
     known = find_known(name)
     if known is not None:
-        return ModelSize(name, known.arch.parameters(), f"architecture of {known.repo} (its config.json; model "
-                         f"card: {known.card}); not on disk here", known.arch)
+        return ModelSize(name, known.parameters(), f"architecture of {known.repo} (its config.json; model "
+                         f"card: {known.card}); not on disk here", known.arch, vision_params=known.vision_parameters())
     return ModelSize(name, None, "unknown (model not on disk)")
 
 
@@ -267,6 +297,8 @@ def arch_from_config(config: dict) -> Arch | None:
     """The :class:`Arch` of a Llama-style config.json; None for another kind (mixture of experts, layers that differ,
     missing keys)."""
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    if isinstance(config.get("text_config"), dict) and "hidden_size" not in config:  # a vision-language model's
+        config = {"model_type": config.get("model_type"), **config["text_config"]}
     if any(k not in config for k in keys) or config.get("num_experts") or config.get("num_local_experts") or \
             config.get("per_layer_config"):  # experts, or layers of different shapes (grpoplus.models.shape)
         return None
@@ -274,5 +306,5 @@ def arch_from_config(config: dict) -> Arch | None:
     return Arch(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], heads,
                 config.get("num_key_value_heads") or heads, config["vocab_size"],
                 tied=bool(config.get("tie_word_embeddings", False)),
-                qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)),
+                qkv_bias=str(config.get("model_type")).startswith(QKV_BIAS) or bool(config.get("attention_bias", False)),
                 head_dim=config.get("head_dim"))

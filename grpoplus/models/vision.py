@@ -196,6 +196,28 @@ def placeholder_text(processor) -> str | None:
     return None
 
 
+def image_tokens(processor, sources) -> int:
+    """Tokens the images of a prompt add to its text's count: each image's placeholder becomes the image's tokens
+    (their number set by the image's size in Qwen's and Idefics3's processors, fixed in Gemma 3's). Measured once per
+    image size, by the processor on a blank image of that size; what prompt lengths are checked and estimated with
+    (:func:`grpoplus.data.lengths.prompt_tokens`), without decoding a data set's images."""
+    from PIL import Image
+
+    from grpoplus.data.images import image_size
+
+    marker = placeholder_text(processor)
+    counts = processor.__dict__.setdefault("_grpoplus_image_tokens", {})
+    total = 0
+    for source in sources:
+        size = image_size(source)
+        if size not in counts:
+            alone = len(processor.tokenizer(marker)["input_ids"])
+            shown = processor(text=[marker], images=[[Image.new("RGB", size)]], return_tensors="pt")
+            counts[size] = shown["input_ids"].shape[1] - alone
+        total += counts[size]
+    return total
+
+
 def forward_inputs(rows: list[VisionInputs], prompt_mask: torch.Tensor, response_columns: int) -> dict:
     """The model's inputs beyond ids and mask for a forward over ``rows`` (one VisionInputs per row; rows of a
     prompt share it): per-token values under each row's real prompt columns (``prompt_mask`` [n, P']), zeros under

@@ -267,31 +267,47 @@ def build_warmstart(
 ) -> Path:
     """The cached warm-start dir of this recipe, built first if missing, incomplete or ``rebuild``.
 
-    Safe against a killed build (temporary dir + atomic rename) and against two processes
-    building at once (the second one keeps the first one's complete result).
+    Safe against a killed build (temporary dir + atomic rename) and against two processes building at once: a lock
+    file beside the dir makes the second wait for the first's result (a lock the system releases when its holder
+    dies), so the same warm start is never built twice on one machine.
     """
+    from filelock import FileLock, Timeout
+
     recipe = warmstart_recipe(task, difficulty, size=size, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
                               direct_frac=direct_frac, eval_seed=eval_seed)
     final = warmstart_dir(recipe)
     if is_complete(final) and not rebuild:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(final.parent / f".{final.name}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        _say(f"waiting for another process building {final.name}")
+        lock.acquire()
+    try:
+        if is_complete(final) and not rebuild:  # built by the process this one waited for
+            return final
+        _build(final, recipe)
+    finally:
+        lock.release()
+    return final
+
+
+def _build(final: Path, recipe: dict) -> None:
     _say(f"building {final.name} ({recipe['steps']} supervised steps of the tiny model; once per recipe, then cached "
          f"in {final.parent})")
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         build_into(staging, recipe)
-        if final.exists() and (rebuild or not is_complete(final)):
+        if final.exists():
             shutil.rmtree(final)
-        if final.exists():  # another process finished the same recipe first
-            return final
         os.replace(staging, final)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
     _say(f"done in {time.perf_counter() - started:.0f} s")
-    return final
 
 
 def check_warm_start(model: str | None, task: str | None) -> None:

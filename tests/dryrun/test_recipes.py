@@ -81,6 +81,16 @@ def test_the_sharded_ray_recipe_plans_workers_ranks_and_the_rank_0_copy():
     assert len(checks) == 1 and "about 38.1 GB" in checks[0] and "learner rank 0 (into its host memory" in checks[0]
 
 
+def test_the_vision_language_recipe_counts_the_vision_tower_as_loaded_beside_the_4bit_language_model():
+    known = KNOWN["Qwen2.5-VL-3B-Instruct"]
+    run = dry_run(yaml_path=str(next(r for r in RECIPES if r.name == "qwen2.5vl_3b_24gb_lora.yaml")))
+    assert run.policy.params == known.parameters() and run.policy.vision_params == known.vision_parameters()
+    items = {item.what: item.bytes for item in run.devices[0].items}
+    rest = next(what for what in items if "vision tower" in what)  # kept fp32: quantize_base leaves it as loaded
+    assert items[rest] == (known.parameters() - known.arch.block_linear_weights()) * 4
+    assert run.devices[0].total < 24e9
+
+
 def test_the_memory_estimate_is_the_hand_computation():
     base = ["learner.model=/models/Qwen2.5-7B-Instruct", "learner.device=cuda", "learner.data_parallel=8"]
     sharded = dry_run(overrides=base + ["learner.strategy=fsdp2", "cluster=ray"])
@@ -135,7 +145,17 @@ def test_known_architectures_are_the_published_models():
         with torch.device("meta"):
             model = model_cls(config)
         assert sum(p.numel() for p in model.parameters()) == a.parameters(), name
-        assert abs(a.parameters() / known.card_count - 1) < 0.01, name
+        assert abs(known.parameters() / known.card_count - 1) < 0.01, name
+        if known.vision is not None:  # the whole vision-language model, built from its published config
+            from transformers import AutoConfig
+
+            from grpoplus.models.memory import config_parameter_counts
+
+            text = dict(hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
+                        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab)
+            whole = AutoConfig.for_model(known.vision["model_type"], text_config=text, tie_word_embeddings=a.tied,
+                                         vision_config=known.vision["vision_config"])
+            assert config_parameter_counts(whole) == (known.parameters(), known.vision_parameters()), name
         if name == "SmolLM2-135M-Instruct":
             peft = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
             assert sum(p.numel() for p in peft.parameters() if p.requires_grad) == a.lora_parameters(16, ["all-linear"])

@@ -158,3 +158,25 @@ def test_lora_adapts_the_language_model_alone_and_the_merged_sampler_sees_the_im
     logp, _ = response_logprobs_from_rollouts(policy, rollouts)
     sampled = rollouts.response_mask.bool()
     torch.testing.assert_close(logp[sampled], rollouts.logp_roll[sampled], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+def test_a_4bit_base_quantizes_the_language_model_and_keeps_the_vision_tower_as_loaded(family):
+    """QLoRA on a vision-language policy: the language model's linear layers 4-bit under adapters, the vision tower
+    and projector as loaded (the image features the published model computes; the dry run counts them so); the
+    engine samples the 4-bit policy and the learner scores what it sampled."""
+    pytest.importorskip("peft", reason="QLoRA: pip install -e '.[qlora]'")
+    bnb = pytest.importorskip("bitsandbytes", reason="QLoRA: pip install -e '.[qlora]'")
+    from grpoplus.models.lora import add_lora
+    from grpoplus.models.qlora import FourBit, quantize_base
+    from grpoplus.models.vision import is_vision_part
+
+    model, processor = tiny_vision_model(family)
+    policy = add_lora(quantize_base(model, FourBit("nf4", torch.float32)), 4, 8.0, 0.0, ["all-linear"])
+    four_bit = {name for name, m in policy.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    vision = {name for name, m in policy.named_modules() if type(m) is torch.nn.Linear and is_vision_part(name)}
+    assert four_bit and vision and not any(is_vision_part(name) for name in four_bit)
+    rollouts = sample(policy, processor)
+    logp, _ = response_logprobs_from_rollouts(policy, rollouts)
+    sampled = rollouts.response_mask.bool()
+    torch.testing.assert_close(logp[sampled], rollouts.logp_roll[sampled], atol=1e-4, rtol=0)

@@ -24,7 +24,7 @@ def test_build_writes_a_complete_hf_dir_under_the_cache(cache):
     assert all((path / name).is_file() for name in REQUIRED_FILES)
     recipe = json.loads((path / "recipe.json").read_text())
     assert (recipe["task"], recipe["difficulty"], recipe["steps"]) == ("arithmetic", 4, 3)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no staging dir left behind
+    assert [p.name for p in path.parent.iterdir() if p.suffix != ".lock"] == [path.name]  # no staging dir left behind
 
 
 def test_second_call_reuses_the_cache(monkeypatch):
@@ -35,6 +35,32 @@ def test_second_call_reuses_the_cache(monkeypatch):
 
     monkeypatch.setattr(warmstart, "build_into", must_not_build)
     assert build_warmstart("arithmetic", **QUICK) == first
+
+
+def test_a_build_waits_for_one_in_progress_and_takes_its_result(capsys, monkeypatch):
+    """Two processes asking for the same warm start (two workers, two runs) build it once: the second waits on the
+    lock file and returns the first one's dir."""
+    import threading
+
+    from filelock import FileLock
+
+    recipe = warmstart_recipe("arithmetic", **QUICK)
+    final = warmstart_dir(recipe)
+    final.parent.mkdir(parents=True)
+    other = FileLock(final.parent / f".{final.name}.lock")  # the first process, building
+    other.acquire()
+    result = []
+    waiting = threading.Thread(target=lambda: result.append(build_warmstart("arithmetic", **QUICK)))
+    waiting.start()
+    waiting.join(timeout=2.0)
+    assert waiting.is_alive() and not result  # it waits, and builds nothing meanwhile
+    warmstart.build_into(final, recipe)  # the first process's result
+    built = []
+    monkeypatch.setattr(warmstart, "build_into", lambda *a: built.append(a))
+    other.release()
+    waiting.join(timeout=30.0)
+    assert result == [final] and not built
+    assert "waiting for another process building" in capsys.readouterr().err
 
 
 def test_half_written_cache_is_rebuilt(cache):
