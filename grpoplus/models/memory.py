@@ -54,7 +54,7 @@ def hf_parameter_count(path: Path) -> int:
 def hf_parameter_counts(path: Path) -> tuple[int, int]:
     """(parameters, of which a vision-language model's vision tower and projector) of the model a Hugging Face dir
     describes (its config.json, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         json.loads((path / "config.json").read_text())

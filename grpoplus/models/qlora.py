@@ -3,8 +3,8 @@
 ``learner.quantize=nf4`` (or ``fp4``) turns the linear layers of the decoder blocks into bitsandbytes
 ``Linear4bit`` layers when the policy is loaded: each weight is stored as 4-bit codes with one float32 scale per
 block of 64 (or 32) weights, and dequantised to the compute dtype (the learner's: float32 or bfloat16) inside
-each forward. The LM head, the embeddings, the norms and a vision-language model's vision tower stay as loaded. LoRA adapters (:mod:`grpoplus.models.lora`)
-then train on top in full precision, the 4-bit weights frozen.
+each forward. The LM head, the embeddings, the norms and a vision-language model's vision tower stay as loaded.
+LoRA adapters (:mod:`grpoplus.models.lora`) then train on top in full precision, the 4-bit weights frozen.
 
 Every way grpoplus loads a model ends in a model in memory (a .gguf file is de-quantised by transformers, the
 built-in tiny models are warm-started), so :func:`quantize_base` quantises one in place: transformers' own
