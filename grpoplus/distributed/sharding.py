@@ -39,6 +39,7 @@ or number of ranks reads them back (:func:`grpoplus.learner.checkpoint.load_opti
 from __future__ import annotations
 
 import types
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,12 +60,30 @@ from grpoplus.learner.precision import COMPUTE_DTYPES
 from grpoplus.models.device import set_compute_device
 
 
+LANGUAGE_MODELS = ("language_model", "text_model")
+"""Where a vision-language model keeps its language model under ``model.model`` (Qwen's and Gemma 3's, Idefics3's)."""
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    """The decoder layers FSDP2 shards one by one: ``model.model.layers``, or a vision-language model's language
+    model's."""
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    for name in LANGUAGE_MODELS:
+        layers = layers if layers is not None else getattr(getattr(body, name, None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         raise ValueError(f"learner.strategy=fsdp2 shards a causal LM's decoder layers (model.model.layers); "
                          f"{type(model).__name__} has none: use learner.strategy=replicate")
     return list(layers)
+
+
+def vision_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """A vision-language model's vision tower and projector, each sharded as one unit (gathered once per forward
+    that reads images, beside the language model's layers); none in a text model."""
+    from grpoplus.models.vision import VISION_PARTS
+
+    body = getattr(model, "model", None)
+    return [module for name, module in (body.named_children() if body is not None else ()) if name in VISION_PARTS]
 
 
 def model_spec(model: torch.nn.Module) -> tuple:
@@ -104,6 +123,13 @@ def fill_from_rank0(model: torch.nn.Module, whole: torch.nn.Module | None) -> No
             dist.broadcast(buffer, src=0)
 
 
+# A vision-language policy's learner forward calls the root's own forward (its logits, a slice of the head's output)
+# inside the root's learner-forward method: FSDP2 warns that a view is returned, for fear of an in-place write into it
+# that would drop its backward hook. The learner writes into no logits in place (tests/distributed/test_sharded.py: the
+# sharded vision-language run trains like one process), so the warning would only alarm.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP\w+ForConditionalGeneration\) returned a view")
+
+
 def shard(model: torch.nn.Module, precision: str, offload: bool = False,
           device: torch.device | None = None) -> torch.nn.Module:
     """Shard ``model`` in place over the default process group (every rank calls this with the same weights, or
@@ -117,7 +143,7 @@ def shard(model: torch.nn.Module, precision: str, offload: bool = False,
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32) \
         if precision != "fp32" else MixedPrecisionPolicy()
     placement = CPUOffloadPolicy() if offload else OffloadPolicy()
-    for layer in decoder_layers(model):
+    for layer in [*decoder_layers(model), *vision_units(model)]:
         fully_shard(layer, mp_policy=policy, offload_policy=placement)
     fully_shard(model, mp_policy=policy, offload_policy=placement)
     setattr(model, LEARNER_FORWARD, types.MethodType(lambda self, *args, **kwargs: logprobs_of(self, *args, **kwargs),
