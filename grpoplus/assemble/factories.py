@@ -119,8 +119,8 @@ def phase(what: str):
 
 def build_task_and_model(plan: RunPlan):
     """The task (built-in or a data set), its train/test examples (those whose prompts fit the model's context, per
-    data.long_prompts), the policy with its tokenizer, and the prompt-length metrics for step 0's record (none
-    with data.long_prompts=refuse: nothing was changed)."""
+    data.long_prompts), the policy with its tokenizer, and the metrics of step 0's record: the prompts dropped or cut
+    (none with data.long_prompts=refuse: nothing was changed) and a data set's malformed rows skipped."""
     from grpoplus.models.load import builtin_without_template
     from grpoplus.tasks import check_chat_prompts
 
@@ -135,7 +135,8 @@ def build_task_and_model(plan: RunPlan):
                                     trains=not (host and where.on_gpus))
     task, train, test = build_data(data, tokenizer, seed, tasks, rows)
     fit = fit_prompt_lengths(data, tokenizer, model_context(getattr(model, "config", None)), train, test)
-    return task, fit.train, fit.test, model, tokenizer, fit.metrics() if data.long_prompts != "refuse" else {}
+    metrics = {**(fit.metrics() if data.long_prompts != "refuse" else {}), **(rows.metrics() if rows else {})}
+    return task, fit.train, fit.test, model, tokenizer, metrics
 
 
 def build_lora(lora: LoraPlan, model):

@@ -57,17 +57,22 @@ class DataRows:
     train: list[dict]
     held_out: list[dict] | None
     function_calls: bool = False
+    bad_rows: int = 0  # rows skipped as malformed (data.on_bad_row=skip), in both files
+
+    def metrics(self) -> dict[str, float]:
+        """Step 0's record of the rows left out: none of them is trained or evaluated on."""
+        return {"data/bad_rows": float(self.bad_rows)}
 
 
 def read_rows(d) -> DataRows:
     """The records of ``d.data`` and ``d.eval_data``: ``d`` is a run's data plan (:class:`grpoplus.plan.data.DataPlan`)
     or a data section (:class:`grpoplus.config.DataConfig`), whose keys it names alike."""
-    train, calls = _records(d.data, d)
-    held_out = _records(d.eval_data, d)[0] if d.eval_data else None
-    return DataRows(train, held_out, calls)
+    train, calls, bad = _records(d.data, d)
+    held_out, _, bad_held_out = _records(d.eval_data, d) if d.eval_data else (None, False, 0)
+    return DataRows(train, held_out, calls, bad + bad_held_out)
 
 
-def _records(path: str, d) -> tuple[list[dict], bool]:
+def _records(path: str, d) -> tuple[list[dict], bool, int]:
     from grpoplus.data import load_records
 
     loaded = load_records(path, prompt_field=d.prompt_field, answer_field=d.answer_field,
@@ -77,7 +82,7 @@ def _records(path: str, d) -> tuple[list[dict], bool]:
         print(f"{path}: skipped {len(loaded.skipped)} malformed rows ({shown})")
     if not loaded.records:
         raise ValueError(f"{path}: no usable rows (fields {d.prompt_field!r} / {d.answer_field!r})")
-    return loaded.records, loaded.function_calls
+    return loaded.records, loaded.function_calls, len(loaded.skipped)
 
 
 def _example(record: dict, tokenizer, path: str) -> Example:

@@ -88,6 +88,7 @@ def test_train_runs_a_vision_language_policy_on_rows_with_images(vlm_dir, tmp_pa
     for k in range(6):
         picture(k).save(tmp_path / f"{k}.png")
     rows = [{"prompt": f"how many dots? {k}", "answer": str(k % 3), "images": [f"{k}.png"]} for k in range(6)]
+    rows[2:2] = [{"prompt": "gone?", "answer": "1", "images": ["gone.png"]}, {"prompt": "no images", "answer": "1"}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "spread.py").write_text("def spread(prompts, completions, **fields):\n"
                                         "    return [sum(map(ord, c)) % 7 / 7 for c in completions]\n")
@@ -97,6 +98,7 @@ def test_train_runs_a_vision_language_policy_on_rows_with_images(vlm_dir, tmp_pa
                  f"data.rewards=[{tmp_path / 'spread.py'}:spread]", *SMALL, "save_every=2"]) == 0
     records = read_metrics(out)
     assert [r["step"] for r in records][-1] == 2 and records[-1]["reward/errors"] == 0.0
+    assert records[0]["data/bad_rows"] == 1  # the missing image's row, left out (a text-only row is a fine row)
     trained, _ = load_policy(str(out / "checkpoints" / "step-2"))  # a model dir: its processor saved with it
     moved = {k for k, v in trained.state_dict().items() if not torch.equal(v, before[k])}
     assert moved and not any(f".{part}." in f".{k}." for k in moved for part in VISION_PARTS)  # the tower frozen
