@@ -271,7 +271,31 @@ def architectures_page() -> str:
         replay = "—" if not _is_moe(model) else ("r2, r3" if moe_spec(model) is not None else "not its router")
         packs = "packed" if packing_refusal(model) is None else "padded (a state or chunk runs across rows)"
         out.append(f"| `{name}` | {', '.join(kinds)} | {head} | {shared} | {packs} | {replay} | {cell(VLLM[name])} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + vision_rows()) + "\n"
+
+
+def vision_rows() -> list[str]:
+    """The vision-language families (grpoplus.models.tiny_vision), each built as its tiny model."""
+    from grpoplus.models.tiny_vision import VISION_FAMILIES, tiny_vision_model
+    from grpoplus.models.vision import vision_parameters
+
+    out = ["", "## Vision-language families", "",
+           "Built the same way with a vision tower and projector at toy scale and the family's own processor "
+           "(`grpoplus.models.tiny_vision`), and proven by `tests/models/test_vision.py` (in CI): a left-padded batch "
+           "with images equals each row alone; the engine's `logp_roll` equals the learner's with the same pixels; two "
+           "updates train; a sampled image token ends its row. LoRA and a 4-bit base adapt the language model alone; "
+           "two learner ranks (replicated or fsdp2) train like one process ([how-to](../how-to/vision.md)).", "",
+           "| `model_type` | class | processor | language layers | positions | vision tower + projector |",
+           "|---|---|---|---|---|---|"]
+    for name in sorted(VISION_FAMILIES):
+        model, processor = tiny_vision_model(name)
+        text = model.config.get_text_config()
+        kinds = sorted(set(getattr(text, "layer_types", None) or ["full_attention"]))
+        rope = "three per token (time, height, width)" if hasattr(getattr(model, "model", model), "get_rope_index") \
+            else "one per token"
+        out.append(f"| `{name}` | {type(model).__name__} | {type(processor).__name__} | {', '.join(kinds)} | {rope} | "
+                   f"{vision_parameters(model):,} of {sum(p.numel() for p in model.parameters()):,} parameters |")
+    return out
 
 
 def _prompts_shared(model) -> bool:

@@ -70,8 +70,12 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
 
 def packing_refusal(model: torch.nn.Module) -> str | None:
     """Why ``model``'s packed forward would differ from its padded one, or None where it packs."""
+    from grpoplus.models.vision import is_vision_model
+
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
+    if is_vision_model(model):
+        return "a vision-language model's rows forward padded, each with its images (packing them is not written yet)"
     if model_type not in PACKED_MODEL_TYPES:
         return (f"a {model_type} model is not among the architectures proven to pack ({', '.join(sorted(PACKED_MODEL_TYPES))}"
                 "; a recurrent or convolutional layer would carry one row's state into the next)")

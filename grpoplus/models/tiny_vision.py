@@ -117,6 +117,26 @@ def qwen3_vl():
                  dict(num_position_embeddings=16, deepstack_visual_indexes=[0]))
 
 
+def qwen3_5():
+    """Qwen3.5, multimodal from the start: Qwen3-VL's vision tower and processor over a hybrid language model (linear
+    attention layers, then a full attention one, rotating a quarter of each head by Qwen's three positions)."""
+    from transformers import Qwen3_5Config, Qwen3VLProcessor
+
+    from grpoplus.models.families import FAMILIES
+
+    return _qwen(Qwen3_5Config, Qwen3VLProcessor, 16,
+                 {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "partial_rotary_factor": 0.25},
+                 dict(num_position_embeddings=16), text=dict(FAMILIES["qwen3_5_text"], linear_conv_kernel_dim=4,
+                                                             layer_types=["linear_attention", "full_attention"]))
+
+
+def smolvlm():
+    """SmolVLM: Idefics3's layout under its own classes and processor."""
+    from transformers import SmolVLMConfig, SmolVLMImageProcessorPil, SmolVLMProcessor
+
+    return _idefics(SmolVLMConfig, SmolVLMImageProcessorPil, image_only(SmolVLMProcessor))
+
+
 def gemma3():
     from transformers import Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
 
@@ -138,22 +158,26 @@ def gemma3():
 def idefics3():
     from transformers import Idefics3Config, Idefics3ImageProcessorPil, Idefics3Processor
 
+    return _idefics(Idefics3Config, Idefics3ImageProcessorPil, Idefics3Processor)
+
+
+def _idefics(config_cls, images_cls, processor_cls):
     tok = family_tokenizer(IDEFICS_SPECIALS, dict(image_token="<image>", fake_image_token="<fake_token_around_image>",
                                                   global_image_token="<global-img>",
                                                   end_of_utterance_token="<end_of_utterance>"))
-    config = Idefics3Config(text_config=dict(TEXT, model_type="llama", vocab_size=len(tok), **_ids(tok)),
-                            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                               num_attention_heads=2, image_size=28, patch_size=7),
-                            scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                            pad_token_id=tok.pad_token_id)
-    images = Idefics3ImageProcessorPil(size={"longest_edge": 28}, max_image_size={"longest_edge": 28},
-                                       do_image_splitting=False)
+    config = config_cls(text_config=dict(TEXT, model_type="llama", vocab_size=len(tok), **_ids(tok)),
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=28, patch_size=7),
+                        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                        pad_token_id=tok.pad_token_id)
+    images = images_cls(size={"longest_edge": 28}, max_image_size={"longest_edge": 28}, do_image_splitting=False)
     tok.chat_template = IDEFICS_TEMPLATE
-    return config, Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=4,
-                                     chat_template=IDEFICS_TEMPLATE)
+    return config, processor_cls(image_processor=images, tokenizer=tok, image_seq_len=4,
+                                 chat_template=IDEFICS_TEMPLATE)
 
 
-VISION_FAMILIES = {"qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "gemma3": gemma3, "idefics3": idefics3}
+VISION_FAMILIES = {"qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "qwen3_5": qwen3_5, "gemma3": gemma3,
+                   "idefics3": idefics3, "smolvlm": smolvlm}
 """``config.model_type`` -> the builder of its tiny config and processor."""
 
 
