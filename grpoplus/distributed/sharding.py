@@ -59,7 +59,6 @@ from grpoplus.learner.logprobs import LEARNER_FORWARD, logprobs_of
 from grpoplus.learner.precision import COMPUTE_DTYPES
 from grpoplus.models.device import set_compute_device
 
-
 LANGUAGE_MODELS = ("language_model", "text_model")
 """Where a vision-language model keeps its language model under ``model.model`` (Qwen's and Gemma 3's, Idefics3's)."""
 

