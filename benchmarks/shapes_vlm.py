@@ -28,10 +28,16 @@ import time
 from pathlib import Path
 
 WARM_STEPS, RL_STEPS, EVAL = 40, 60, 128
-SFT = ["learner.train_vision=true", f"max_steps={WARM_STEPS}", "demos_per_step=32", "lr=3e-3", "warmup_steps=10",
-       "lr_schedule=constant", f"eval_every={WARM_STEPS}", f"eval_size={EVAL}", f"save_every={WARM_STEPS}",
-       "progress=false"]
-RL = [f"max_steps={RL_STEPS}", "eval_every=20", f"eval_size={EVAL}", "progress=false"]
+
+
+def sft_args(warm_steps: int) -> list[str]:
+    return ["learner.train_vision=true", f"max_steps={warm_steps}", "demos_per_step=32", "lr=3e-3", "warmup_steps=10",
+            "lr_schedule=constant", f"eval_every={warm_steps}", f"eval_size={EVAL}", f"save_every={warm_steps}",
+            "progress=false"]
+
+
+def rl_args(rl_steps: int, eval_every: int) -> list[str]:
+    return [f"max_steps={rl_steps}", f"eval_every={eval_every}", f"eval_size={EVAL}", "progress=false"]
 
 
 def run(args: list[str]) -> float:
@@ -50,11 +56,11 @@ def curve(run_dir: Path, key: str = "eval/accuracy") -> list[tuple[int, float]]:
     return [(r["step"], round(r[key], 4)) for r in rows if key in r]
 
 
-def seed_figures(seed: int, folder: Path) -> dict:
+def seed_figures(seed: int, folder: Path, sft: list[str], rl_: list[str], warm_steps: int) -> dict:
     warm, rl = folder / f"sft-{seed}", folder / f"rl-{seed}"
-    sft_s = run(["sft", "--task", "shapes", "--model", "tiny-vlm", "--out", str(warm), f"seed={seed}", *SFT])
-    rl_s = run(["train", "--task", "shapes", "--model", str(warm / "checkpoints" / f"step-{WARM_STEPS}"),
-                "--out", str(rl), f"seed={seed}", *RL])
+    sft_s = run(["sft", "--task", "shapes", "--model", "tiny-vlm", "--out", str(warm), f"seed={seed}", *sft])
+    rl_s = run(["train", "--task", "shapes", "--model", str(warm / "checkpoints" / f"step-{warm_steps}"),
+                "--out", str(rl), f"seed={seed}", *rl_])
     greedy, sampled = curve(rl), curve(rl, "eval/accuracy_sampled")
     return {"seed": seed, "greedy_before": greedy[0][1], "greedy_after": greedy[-1][1],
             "greedy_gain_points": round(100 * (greedy[-1][1] - greedy[0][1]), 1),
@@ -66,14 +72,18 @@ def seed_figures(seed: int, folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--warm-steps", type=int, default=WARM_STEPS, help="supervised warm-start steps")
+    parser.add_argument("--rl-steps", type=int, default=RL_STEPS)
+    parser.add_argument("--eval-every", type=int, default=20, help="RL steps between held-out evaluations")
     parser.add_argument("--record", nargs="?", const="", default=None,
                         help="store a record (command, figures, machine, commit, date) in this folder "
                              "(default docs/results/records)")
     args = parser.parse_args()
+    sft, rl = sft_args(args.warm_steps), rl_args(args.rl_steps, args.eval_every)
     with tempfile.TemporaryDirectory(prefix="grpoplus-shapes-") as folder:
         rows = []
         for seed in args.seeds:
-            rows.append(seed_figures(seed, Path(folder)))
+            rows.append(seed_figures(seed, Path(folder), sft, rl, args.warm_steps))
             print(json.dumps(rows[-1]), flush=True)
     within = all(r["rl_s"] <= 900 for r in rows)
     summary = {"min_greedy_gain_points": min(r["greedy_gain_points"] for r in rows),
@@ -86,7 +96,7 @@ def main() -> None:
         sys.path.append(str(Path(__file__).resolve().parent))
         from records import write_record
 
-        path = write_record("shapes_vlm", {"seeds": rows, "summary": summary, "sft": SFT, "rl": RL},
+        path = write_record("shapes_vlm", {"seeds": rows, "summary": summary, "sft": sft, "rl": rl},
                             args.record or None)
         print(json.dumps({"record": str(path)}))
 

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from grpoplus.data.lengths import PromptFit, fit_prompts, prompt_limit
+from grpoplus.models.vision import image_counter
 from grpoplus.plan.data import DataPlan
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def fit_prompt_lengths(data: DataPlan, tokenizer, context: int | None, train: li
     if data.multi_turn:
         return PromptFit(list(train), list(test))
     limit = prompt_limit(context, data.max_new_tokens, data.max_prompt_tokens)
-    fit = fit_prompts(train, test, tokenizer, limit, data.long_prompts)
+    fit = fit_prompts(train, test, tokenizer, limit, data.long_prompts, image_counter(tokenizer))
     note = fit.note(limit) if limit is not None else None
     if note:
         print(note, file=sys.stderr)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 LONG_PROMPTS = ("refuse", "truncate_left", "drop")
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
@@ -81,16 +81,18 @@ def prompt_limit(context: int | None, max_new_tokens: int, max_prompt_tokens: in
     return Limit(context - max_new_tokens, f"the model's {context} positions - rollout.max_new_tokens={max_new_tokens}")
 
 
-def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None, policy: str) -> PromptFit:
-    """The examples (objects with a ``prompt`` and an ``origin``) whose prompt fits ``limit``, per ``policy`` (one of
-    :data:`LONG_PROMPTS`); a prompt neither text nor token ids is not measured."""
+def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None, policy: str,
+                count_images: Callable[[tuple], int] | None = None) -> PromptFit:
+    """The examples (objects with a ``prompt`` and an ``origin``, and ``images`` counted by ``count_images``) whose
+    prompt fits ``limit``, per ``policy`` (one of :data:`LONG_PROMPTS`); a prompt neither text nor token ids is not
+    measured."""
     if policy not in LONG_PROMPTS:
         raise ValueError(f"data.long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {policy!r}")
     if limit is None:
         return PromptFit(list(train), list(test))
     parts = (("training", train), ("held-out", test))
-    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part], [getattr(ex, "images", ()) for ex in part])
-             for name, part in parts}
+    sizes = {name: prompt_tokens(tokenizer, [ex.prompt for ex in part], [getattr(ex, "images", ()) for ex in part],
+                                 count_images) for name, part in parts}
     long = [(n, name, i) for name, _ in parts for i, n in enumerate(sizes[name]) if n > limit.tokens]
     if not long:
         return PromptFit(list(train), list(test))
@@ -105,20 +107,18 @@ def fit_prompts(train: Sequence, test: Sequence, tokenizer, limit: Limit | None,
     return PromptFit(cut[0], cut[1], truncated=len(long))
 
 
-def prompt_tokens(tokenizer, prompts: list, images: list | None = None) -> list[int]:
+def prompt_tokens(tokenizer, prompts: list, images: list | None = None,
+                  count_images: Callable[[tuple], int] | None = None) -> list[int]:
     """Each prompt's length as the engine encodes it: text with the tokenizer's special tokens added, token ids as
-    they are; 0 for anything else (not measured). ``images``: each prompt's image sources, whose tokens the model's
-    processor adds (:func:`grpoplus.models.vision.image_tokens`; a tokenizer without one adds none)."""
-    from grpoplus.models.vision import image_tokens, processor_of
-
+    they are; 0 for anything else (not measured). ``images``: each prompt's image sources, and ``count_images`` the
+    tokens they add (a vision-language model's: :func:`grpoplus.models.vision.image_counter`; None: none)."""
     texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
     sizes = [len(p) if _is_ids(p) else 0 for p in prompts]
     if texts:
         for i, ids in zip(texts, tokenizer([prompts[i] for i in texts])["input_ids"]):
             sizes[i] = len(ids)
-    processor = processor_of(tokenizer)
-    if processor is not None and images is not None:
-        sizes = [n + (image_tokens(processor, shown) if shown else 0) for n, shown in zip(sizes, images)]
+    if count_images is not None and images is not None:
+        sizes = [n + (count_images(shown) if shown else 0) for n, shown in zip(sizes, images)]
     return sizes
 
 

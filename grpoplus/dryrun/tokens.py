@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from grpoplus.data.lengths import prompt_tokens
-from grpoplus.models.vision import processor_of
+from grpoplus.models.vision import image_counter, processor_of
 from grpoplus.plan import RunPlan
 
 PROMPT_SAMPLE = 256
@@ -75,7 +75,7 @@ def prompt_lengths(plan: RunPlan) -> tuple[float | None, int | None, str, str | 
     if not prompts:
         return None, None, "unknown (no training prompts)", None
     images = [getattr(ex, "images", ()) for ex in train[:PROMPT_SAMPLE]]  # their tokens counted (the processor's)
-    lengths = prompt_tokens(tokenizer, prompts, images)  # special tokens added, as the engines encode (the run's rule)
+    lengths = prompt_tokens(tokenizer, prompts, images, image_counter(tokenizer))  # as the engines encode them
     turn = ", first turn" if plan.collection.env is not None else ""
     if any(images) and processor_of(tokenizer) is not None:
         turn += ", their images' tokens included"

@@ -200,7 +200,7 @@ def image_tokens(processor, sources) -> int:
     """Tokens the images of a prompt add to its text's count: each image's placeholder becomes the image's tokens
     (their number set by the image's size in Qwen's and Idefics3's processors, fixed in Gemma 3's). Measured once per
     image size, by the processor on a blank image of that size; what prompt lengths are checked and estimated with
-    (:func:`grpoplus.data.lengths.prompt_tokens`), without decoding a data set's images."""
+    (:func:`image_counter`), without decoding a data set's images."""
     from PIL import Image
 
     from grpoplus.data.images import image_size
@@ -216,6 +216,15 @@ def image_tokens(processor, sources) -> int:
             counts[size] = shown["input_ids"].shape[1] - alone
         total += counts[size]
     return total
+
+
+def image_counter(tokenizer):
+    """The tokens a prompt's images add (:func:`image_tokens`) under the processor ``tokenizer`` carries; None for a
+    text model's tokenizer (:func:`grpoplus.data.lengths.prompt_tokens` takes it)."""
+    import functools
+
+    processor = processor_of(tokenizer)
+    return None if processor is None else functools.partial(image_tokens, processor)
 
 
 def forward_inputs(rows: list[VisionInputs], prompt_mask: torch.Tensor, response_columns: int) -> dict:

@@ -10,7 +10,7 @@ from PIL import Image
 
 from grpoplus.data.lengths import Limit, fit_prompts, prompt_tokens
 from grpoplus.models.tiny_vision import VISION_FAMILIES
-from grpoplus.models.vision import encode_prompts, with_processor
+from grpoplus.models.vision import encode_prompts, image_counter, with_processor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,19 +40,21 @@ def test_a_prompts_length_counts_the_tokens_its_images_become(family, tmp_path):
     prompts = [_prompt(processor, len(images)) for images in shown]
     _, mask, _ = encode_prompts(processor, prompts, [[Image.open(s) if not hasattr(s, "size") else s for s in images]
                                                      for images in shown], 0)
-    assert prompt_tokens(tokenizer, prompts, shown) == mask.sum(1).tolist()
-    assert prompt_tokens(tokenizer, prompts, shown)[1] > prompt_tokens(tokenizer, prompts)[1]  # the text alone: fewer
+    counted = prompt_tokens(tokenizer, prompts, shown, image_counter(tokenizer))
+    assert counted == mask.sum(1).tolist()
+    assert counted[1] > prompt_tokens(tokenizer, prompts)[1]  # the text alone: fewer
 
 
 def test_a_prompt_with_images_past_the_limit_is_dropped_or_refused_never_cut():
     processor = VISION_FAMILIES["qwen2_5_vl"]()[1]
     tokenizer = with_processor(processor.tokenizer, processor)
     short, long = Row(_prompt(processor, 1), (_image(56, 56),)), Row(_prompt(processor, 1), (_image(224, 224),), "l3")
-    limit = Limit(prompt_tokens(tokenizer, [short.prompt], [short.images])[0], "data.max_prompt_tokens")
-    fit = fit_prompts([short, long], [short], tokenizer, limit, "drop")
+    counter = image_counter(tokenizer)
+    limit = Limit(prompt_tokens(tokenizer, [short.prompt], [short.images], counter)[0], "data.max_prompt_tokens")
+    fit = fit_prompts([short, long], [short], tokenizer, limit, "drop", counter)
     assert fit.train == [short] and fit.dropped == 1  # the text alone would have fit: its image tokens did not
     with pytest.raises(ValueError, match="l3: a prompt with images is not cut"):
-        fit_prompts([short, long], [short], tokenizer, limit, "truncate_left")
+        fit_prompts([short, long], [short], tokenizer, limit, "truncate_left", counter)
 
 
 def test_the_dry_run_measures_the_visual_tasks_prompts_with_their_image_tokens():
@@ -64,7 +66,8 @@ def test_the_dry_run_measures_the_visual_tasks_prompts_with_their_image_tokens()
     # chat template writes one placeholder
     processor = VISION_FAMILIES["qwen2_5_vl"]()[1]
     assert prompt_tokens(processor.tokenizer, ["<|image_pad|>"])[0] + 3 == \
-        prompt_tokens(with_processor(processor.tokenizer, processor), ["<|image_pad|>"], [[_image(56, 56)]])[0]
+        prompt_tokens(processor.tokenizer, ["<|image_pad|>"], [[_image(56, 56)]],
+                      image_counter(with_processor(processor.tokenizer, processor)))[0]
     from grpoplus.assemble.data import build_data
     from grpoplus.config import build_config
     from grpoplus.data.images import load_image
