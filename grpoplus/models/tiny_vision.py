@@ -12,14 +12,12 @@ Nothing is downloaded. :data:`VISION_FAMILIES` lists the families; :func:`tiny_v
 
 from __future__ import annotations
 
-import inspect
-import types
-
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForImageTextToText, PreTrainedTokenizerFast
 
 from grpoplus.models.tokenizer import ALPHABET, SPECIAL_TOKENS
+from grpoplus.models.vision import image_only
 
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
             head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -61,21 +59,6 @@ def family_tokenizer(specials: tuple[str, ...], named: dict[str, str]) -> PreTra
                                   model_max_length=4096, extra_special_tokens=dict(named))
     tok.add_special_tokens({"additional_special_tokens": list(specials)}, replace_extra_special_tokens=False)
     return tok
-
-
-def image_only(cls: type) -> type:
-    """``cls`` (a processor) without its video processor: without torchvision transformers cannot check one, and
-    ``video_processor=None`` is refused. The subclass has the parent's named parameters but that one (a processor
-    reads its parts and saved settings from its ``__init__``'s signature)."""
-    named = [p for n, p in inspect.signature(cls.__init__).parameters.items()
-             if n not in ("self", "video_processor") and p.kind is p.POSITIONAL_OR_KEYWORD]
-    defaults = {p.name: None if p.default is p.empty else p.default for p in named}
-    source = (f"def __init__(self, {', '.join(f'{p.name}=_d[{p.name!r}]' for p in named)}, **kwargs):\n"
-              f"    _cls.__init__(self, video_processor=None, {', '.join(f'{p.name}={p.name}' for p in named)}, **kwargs)\n"
-              "    self.video_processor = _ns(num_frames=None, fps=None)\n")
-    scope = {"_d": defaults, "_cls": cls, "_ns": types.SimpleNamespace}
-    exec(source, scope)  # noqa: S102 (a signature built from the parent's: no input from outside)
-    return type(cls.__name__, (cls,), {"__init__": scope["__init__"]})  # its name: what a saved dir names
 
 
 def _ids(tok) -> dict:

@@ -19,6 +19,8 @@ for text. A decode step after the prompt needs the text position only (the three
 
 from __future__ import annotations
 
+import inspect
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -88,6 +90,21 @@ def processor_of(tokenizer):
     return getattr(tokenizer, PROCESSOR, None)
 
 
+def image_only(cls: type) -> type:
+    """``cls`` (a processor) without its video processor: without torchvision transformers cannot check one, and
+    ``video_processor=None`` is refused. The subclass has the parent's named parameters but that one (a processor
+    reads its parts and saved settings from its ``__init__``'s signature)."""
+    named = [p for n, p in inspect.signature(cls.__init__).parameters.items()
+             if n not in ("self", "video_processor") and p.kind is p.POSITIONAL_OR_KEYWORD]
+    defaults = {p.name: None if p.default is p.empty else p.default for p in named}
+    source = (f"def __init__(self, {', '.join(f'{p.name}=_d[{p.name!r}]' for p in named)}, **kwargs):\n"
+              f"    _cls.__init__(self, video_processor=None, {', '.join(f'{p.name}={p.name}' for p in named)}, **kwargs)\n"
+              "    self.video_processor = _ns(num_frames=None, fps=None)\n")
+    scope = {"_d": defaults, "_cls": cls, "_ns": types.SimpleNamespace}
+    exec(source, scope)  # noqa: S102 (a signature built from the parent's: no input from outside)
+    return type(cls.__name__, (cls,), {"__init__": scope["__init__"]})  # its name: what a saved dir names
+
+
 def load_processor(path):
     """The processor saved in the model dir ``path``. Without torchvision transformers cannot load a video
     processor, and ``AutoProcessor`` then gives back the bare tokenizer, which would drop every image silently:
@@ -97,7 +114,6 @@ def load_processor(path):
 
     import transformers
 
-    from grpoplus.models.tiny_vision import image_only
 
     path = Path(path)
     try:
