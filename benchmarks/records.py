@@ -60,7 +60,8 @@ def commit() -> str:
 def write_record(benchmark: str, figures, folder: Path | str | None = None, device: str = "cpu") -> Path:
     """Write one record of ``figures`` (what the benchmark printed) and return its path."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    record = {"benchmark": benchmark, "command": " ".join(["python", *sys.argv]), "figures": figures,
+    record = {"benchmark": benchmark, "command": " ".join(["python", _in_checkout(sys.argv[0]), *sys.argv[1:]]),
+              "figures": figures,
               "machine": machine(device), "versions": versions(), "commit": commit(),
               "date": now.strftime("%Y-%m-%d %H:%M UTC")}
     folder = Path(folder or RECORDS)
@@ -69,3 +70,9 @@ def write_record(benchmark: str, figures, folder: Path | str | None = None, devi
     path = folder / f"{benchmark}-{now:%Y%m%d-%H%M}-{where}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def _in_checkout(script: str) -> str:
+    """The script's path as run from the checkout's root (``benchmarks/x.py``), whatever folder it was run from."""
+    path = Path(script).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else script

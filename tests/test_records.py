@@ -40,3 +40,15 @@ def test_a_written_record_holds_every_field(tmp_path):
     path = write_record("a_test", {"x": 1}, tmp_path)
     record = json.loads(path.read_text())
     assert set(FIELDS) <= set(record) and record["figures"] == {"x": 1} and path.name.startswith("a_test-")
+
+
+def test_the_visual_tasks_table_is_its_records():
+    page = (ROOT / "docs" / "results" / "vision.md").read_text()
+    name = re.search(r"\*\*Record:\*\* \[`records/(shapes_vlm-[\w-]+\.json)`\]", page).group(1)
+    record = json.loads((RECORDS / name).read_text())
+    assert record["commit"][:7] in page and record["date"][:10] in page
+    for row in record["figures"]["seeds"]:
+        greedy = f"{100 * row['greedy_before']:.1f}% -> {100 * row['greedy_after']:.1f}% ({row['greedy_gain_points']:+.1f})"
+        sampled = f"{100 * row['sampled_before']:.1f}% -> {100 * row['sampled_after']:.1f}% " \
+                  f"({row['sampled_gain_points']:+.1f})"
+        assert f"| {row['seed']} | {greedy} | {sampled} | {row['sft_s']:.1f} | {row['rl_s']:.1f} |" in page, row["seed"]
