@@ -121,13 +121,13 @@ def _tokenizer(model: str | None):
     on disk (never its weights)."""
     from pathlib import Path
 
-    from grpoplus.models.load import SMOLLM2, TINY_VISION, is_builtin, load_tokenizer
+    from grpoplus.models.load import SMOLLM2, TINY_VISION, TINY_VISION_FAMILY, is_builtin, load_tokenizer
 
     if model == TINY_VISION:  # its processor's tokenizer, carrying the processor (image tokens counted)
         from grpoplus.models.tiny_vision import VISION_FAMILIES
         from grpoplus.models.vision import with_processor
 
-        processor = VISION_FAMILIES["qwen2_5_vl"]()[1]
+        processor = VISION_FAMILIES[TINY_VISION_FAMILY]()[1]
         return with_processor(processor.tokenizer, processor), None
     if is_builtin(model):
         from grpoplus.models.tokenizer import char_tokenizer

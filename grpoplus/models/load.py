@@ -43,6 +43,8 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.j
 TINY_VISION = "tiny-vlm"
 """The built-in tiny vision-language model as initialised (a Qwen2.5-VL layout, grpoplus.models.tiny_vision), with
 its processor: what a supervised stage on the ``shapes`` task warm-starts."""
+TINY_VISION_FAMILY = "qwen2_5_vl"
+"""The layout of ``tiny-vlm`` (:mod:`grpoplus.models.tiny_vision`): its builder, its size and its processor."""
 
 NAMED_BUILTINS = (TINY_MOE, TINY_UNTRAINED, TINY_TEACHER, TINY_VISION)
 

@@ -201,8 +201,9 @@ def model_size(name: str | None) -> ModelSize:
         return _on_disk_size(name, path)
     known = find_known(name)
     if known is not None:
-        return ModelSize(name, known.parameters(), f"architecture of {known.repo} (its config.json; model "
-                         f"card: {known.card}); not on disk here", known.arch, vision_params=known.vision_parameters())
+        vision = known.vision_parameters()  # built on the meta device: once
+        return ModelSize(name, known.arch.parameters() + vision, f"architecture of {known.repo} (its config.json; "
+                         f"model card: {known.card}); not on disk here", known.arch, vision_params=vision)
     return ModelSize(name, None, "unknown (model not on disk)")
 
 
@@ -227,7 +228,7 @@ def builtin_size(name: str | None) -> ModelSize:
     from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM
 
     from grpoplus.models.families import family_config
-    from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_VISION, builtin_family
+    from grpoplus.models.load import TINY_MOE, TINY_TEACHER, TINY_VISION, TINY_VISION_FAMILY, builtin_family
     from grpoplus.models.moe import tiny_moe_config
     from grpoplus.models.tiny import tiny_config
     from grpoplus.models.tokenizer import char_tokenizer
@@ -236,7 +237,7 @@ def builtin_size(name: str | None) -> ModelSize:
         from grpoplus.models.tiny_vision import tiny_vision_model
         from grpoplus.models.vision import vision_parameters
 
-        model, _ = tiny_vision_model("qwen2_5_vl")
+        model, _ = tiny_vision_model(TINY_VISION_FAMILY)
         return ModelSize(name, sum(p.numel() for p in model.parameters()), "the built-in tiny vision-language "
                          "model's config", None, on_disk=True, vision_params=vision_parameters(model))
     vocab, family = len(char_tokenizer()), builtin_family(name)

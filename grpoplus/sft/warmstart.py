@@ -38,6 +38,7 @@ from grpoplus.models.load import (
     TINY_TEACHER,
     TINY_UNTRAINED,
     TINY_VISION,
+    TINY_VISION_FAMILY,
     builtin_family,
     load_hf_dir,
     prepared,
@@ -336,7 +337,7 @@ def load_builtin(model: str | None, task: str | None, difficulty: int | None = N
         from grpoplus.models.tiny_vision import tiny_vision_model
         from grpoplus.models.vision import with_processor
 
-        policy, processor = tiny_vision_model("qwen2_5_vl", seed=seed)
+        policy, processor = tiny_vision_model(TINY_VISION_FAMILY, seed=seed)
         return prepared(policy, with_processor(processor.tokenizer, processor), device, quantize)
     check_warm_start(model, task)
     if model == TINY_TEACHER:
