@@ -14,7 +14,7 @@ from grpoplus.assemble.factories import build_optimizer, build_policy, build_pro
 from grpoplus.distributed.learner import LearnerParts, RankBuilders
 from grpoplus.learner.activation_checkpointing import require_checkpointable
 from grpoplus.learner.compiling import check_compile
-from grpoplus.learner.packing import check_packing
+from grpoplus.learner.packing import check_packing, packed_attention
 from grpoplus.learner.precision import lower_frozen_linears
 from grpoplus.learner.prepare import LearnerPlan
 from grpoplus.learner.replay import check_replay
@@ -94,8 +94,9 @@ def build_learner_plan(role: LearnerRolePlan, model: torch.nn.Module, rewards: t
         require_checkpointable(model)
     routing = check_replay(update.routing_replay, model)
     compile_mode = check_compile(update.compile != "off", update.compile, model, routing is not None)
-    fields = {**dataclasses.asdict(update), "packing": check_packing(update.packing, model), "compile": compile_mode
-              or "off"}
+    packing = check_packing(update.packing, model)
+    fields = {**dataclasses.asdict(update), "packing": packing, "compile": compile_mode or "off",
+              "packed_attention": packed_attention(update.packed_attention, model, packing)}
     row_tokens = fields.pop("row_tokens")
     if update.micro_batch_size == "auto":  # sized now, on the memory left with the model, reference and teacher loaded
         fields.update(micro_batch_size=AUTO_ROWS, micro_batch_tokens=auto_token_budget(

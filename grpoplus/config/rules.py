@@ -258,11 +258,20 @@ def _checkpointing_without_replay(cfg: Config) -> None:
 
 @rule("packing")
 def _packing(cfg: Config) -> None:
-    """Packed micro-batches (learner.packing=on) pack the policy's forwards, not the teacher's distillation forward."""
+    """Packed micro-batches (learner.packing=on) pack the policy's forwards, not the teacher's distillation forward;
+    a packed attention (learner.packed_attention) needs packed forwards."""
     if cfg.learner.packing == "on" and cfg.run.stage != "sft" and cfg.algo.distill_loss != "off":
         raise ConfigError(f"learner.packing=on packs the policy's forwards, but algo.distill_loss={cfg.algo.distill_loss}"
                          " runs the policy beside its teacher on padded rows: set learner.packing=auto (pads there) or "
                          "off, or algo.distill_loss=off")
+
+    if cfg.learner.packed_attention == "flex_attention" and cfg.learner.packing == "off":
+        raise ConfigError("learner.packed_attention=flex_attention is the attention of packed forwards, but "
+                          "learner.packing=off never packs: set learner.packing=auto or on, or "
+                          "learner.packed_attention=auto")
+    if cfg.learner.packed_attention == "flex_attention" and not cfg.learner.device.startswith("cuda"):
+        raise ConfigError(f"learner.packed_attention=flex_attention needs a GPU (learner.device={cfg.learner.device}): "
+                          "PyTorch's flex attention has no backward on a CPU; set learner.packed_attention=auto")
 
 
 @rule("compile")

@@ -250,6 +250,14 @@ class LearnerConfig:
     varying lengths pack; learner/packed_frac says how many did), padded where the model cannot pack (said once);
     off: pad. A packed forward computes every row's prompt
     (learner.share_prompts does not apply to it); with on, learner.micro_batch_tokens counts real tokens."""
+    packed_attention: Literal["auto", "model", "flex_attention"] = "auto"
+    """The attention a packed forward runs under. model: the policy's own (sdpa), which reads the packed rows
+    through an [S, S] block mask (S real tokens: quadratic memory, every score computed); flex_attention:
+    PyTorch's flex attention, whose block mask holds each row's span and whose compiled kernel skips the blocks
+    across rows (its first call compiles it; a compilation that fails is said in one line and the model's own
+    attention takes over; a GPU's: PyTorch's flex attention has no backward on a CPU); auto: flex_attention for a
+    policy on a GPU, the model's own on a CPU. The same numbers to float rounding. Only where the learner packs
+    (learner.packing)."""
     compile: bool = False
     """Compile the learner's decoder layers with torch.compile (inductor: C++ kernels on a CPU, Triton on a GPU), their
     forward and backward, one graph for every layer and every micro-batch width (dynamic shapes); the attention mask,

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 
 from grpoplus.learner.logprobs import TokenLogProb, float_work_dtype, row_slices, trimmed_inputs
-from grpoplus.learner.packing import pack_rows
+from grpoplus.learner.packing import pack_rows, packed_forward
 
 
 def _row_chunks(logits: torch.Tensor) -> list[slice]:
@@ -69,8 +69,8 @@ def token_entropy_with_grad(logits: torch.Tensor, temperature: float = 1.0) -> t
 
 def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                   response_ids: torch.Tensor, response_mask: torch.Tensor, *,
-                                  temperature: float = 1.0, routing=None, packing: bool = False
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                                  temperature: float = 1.0, routing=None, packing: bool = False,
+                                  packed_attention: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's ``(logp [N, T], H [N, T])``, both differentiable, zero where ``response_mask`` is 0.
 
     The same forward as the logits path of :func:`grpoplus.learner.logprobs.response_logprobs`
@@ -79,7 +79,8 @@ def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tens
     entropy taken by :class:`TokenEntropy` from the same logits. It materialises the logits of the response
     tokens, which the chunked-head path of ``response_logprobs`` avoids: to be folded into that module (an
     ``entropy_grad`` option of its chunked head). ``routing``: MoE routing of the forward, as in
-    ``response_logprobs`` (called with the row and input-column slices, and a packed forward's real tokens).
+    ``response_logprobs`` (called with the row and input-column slices, and a packed forward's real tokens);
+    ``packed_attention``: a packed forward's attention implementation (None: the model's own).
     """
     n, T = response_ids.shape
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(prompt_ids, prompt_mask, response_ids,
@@ -89,16 +90,21 @@ def response_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: torch.Tens
         return zeros, zeros.clone()
     tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
     where = mask.bool().nonzero(as_tuple=True)
-    packed = pack_rows(input_ids, attention_mask, position_ids, where, input_ids.shape[1] - t1) if packing else None
+    packed = pack_rows(input_ids, attention_mask, position_ids, where, input_ids.shape[1] - t1,
+                       packed_attention) if packing else None
     cols = slice(p0, prompt_ids.shape[1] + t1)
-    with nullcontext() if routing is None else routing(slice(0, n), cols, None if packed is None else packed.keep):
-        if packed is None:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]  # [n, t1, V]: P'-1+t predicts t
-        else:
-            logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                           logits_to_keep=packed.predict).logits  # [1, M, V]
-            tokens = tokens[where][None]  # [1, M]
+
+    def forward():
+        with nullcontext() if routing is None else routing(slice(0, n), cols, None if packed is None else packed.keep):
+            if packed is None:  # [n, t1, V]: P'-1+t predicts t
+                return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False, logits_to_keep=t1 + 1).logits[:, :-1]
+            return model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                         logits_to_keep=packed.predict).logits  # [1, M, V]
+
+    logits = forward() if packed is None else packed_forward(model, packed.attention, forward)
+    if packed is not None:
+        tokens = tokens[where][None]  # [1, M]
     logp = TokenLogProb.apply(logits, tokens, temperature)
     entropy = TokenEntropy.apply(logits, temperature)
     if packed is not None:  # [1, M] -> [n, t1]

@@ -23,7 +23,7 @@ from functools import partial
 import torch
 
 from grpoplus.containers import Rollouts
-from grpoplus.learner.packing import PackedRows, pack_rows, packing_pays
+from grpoplus.learner.packing import PackedRows, pack_rows, packed_forward, packing_pays
 from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.cpu_matmul import mm, routes
 from grpoplus.models.device import autocast_to
@@ -259,16 +259,18 @@ def trimmed_inputs(prompt_ids, prompt_mask, response_ids, response_mask, min_res
 
 
 def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
-                  routing=None, share_prompts=False, packing=False, vision=None):
+                  routing=None, share_prompts=False, packing=False, vision=None, packed_attention=None):
     """Log-probs (and entropy) of one micro-batch; left/right columns that are padding in every row are trimmed,
     or (``packing``: True, or "auto" where it computes less) every padding token left out. ``vision``: a
     vision-language model's rows (one :class:`~grpoplus.models.vision.VisionInputs` each): a padded forward of the
-    model's own logits with their images."""
+    model's own logits with their images; ``packed_attention``: the attention implementation of a packed forward
+    (:func:`~grpoplus.learner.packing.packed_attention`; None: the model's own)."""
     n, T = response_ids.shape
     if vision is not None:  # padded, every row whole: no packing or prompt sharing for images yet
         packing, share_prompts = False, False
     if packing == "auto":  # packed where that computes less (grpoplus.learner.packing.packing_pays)
-        packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False)
+        packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False,
+                               attention=packed_attention)
     # share_prompts="always": two body passes whatever the rows (see response_logprobs)
     input_ids, attention_mask, position_ids, p0, t1 = trimmed_inputs(
         prompt_ids, prompt_mask, response_ids, response_mask,
@@ -282,15 +284,19 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
         position_ids = vision_positions(model, input_ids, attention_mask, extra)
     tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
     packed = pack_rows(input_ids, attention_mask, position_ids, mask.bool().nonzero(as_tuple=True),
-                       input_ids.shape[1] - t1) if packing else None
+                       input_ids.shape[1] - t1, packed_attention) if packing else None
     args = (input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy)
     cols = slice(p0, prompt_ids.shape[1] + t1)
     # MoE routing replay/recording (grpoplus.learner.replay) of the input columns p0 .. P + t1 - 1 (packed: their
     # real tokens).
-    with nullcontext() if routing is None else routing(cols, None if packed is None else packed.keep):
-        logp, entropy = _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
-                                   packed=packed) if head is not None else _logits_path(model, *args, packed=packed,
-                                                                                          extra=extra)
+    def forward():
+        with nullcontext() if routing is None else routing(cols, None if packed is None else packed.keep):
+            if head is None:
+                return _logits_path(model, *args, packed=packed, extra=extra)
+            return _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
+                              packed=packed)
+
+    logp, entropy = forward() if packed is None else packed_forward(model, packed.attention, forward)
     pad = (0, T - t1)
     return (torch.nn.functional.pad(logp, pad),
             torch.nn.functional.pad(entropy, pad) if with_entropy else None)
@@ -310,8 +316,8 @@ def response_logprobs(model: torch.nn.Module, *args, **kwargs) -> tuple[torch.Te
 def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 response_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, micro_batch_size: int | None = None, routing=None,
-                share_prompts: bool | str = True, packing: bool | str = False, vision: list | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                share_prompts: bool | str = True, packing: bool | str = False, vision: list | None = None,
+                packed_attention: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(model logits / temperature)``.
 
     Differentiable (the learner calls it with grad for ``logp``; without grad for
@@ -334,6 +340,8 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
             whatever its rows: a sharded learner's ranks must (grpoplus.distributed.sharding).
         packing: each forward's rows as one sequence of their real tokens (:mod:`grpoplus.learner.packing`);
             "auto": each forward packed where that computes less (:func:`grpoplus.learner.packing.packing_pays`).
+        packed_attention: the attention implementation a packed forward runs under (None: the model's own;
+            ``flex_attention``: :func:`grpoplus.learner.packing.packed_attention`).
         vision: a vision-language model's rows: [N] :class:`~grpoplus.models.vision.VisionInputs` (``Rollouts.vision``),
             their images in every forward (padded; no prompt sharing or packing yet).
 
@@ -353,7 +361,7 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
     parts = [_forward_rows(model, prompt_ids[i:i + step], prompt_mask[i:i + step], response_ids[i:i + step],
                            response_mask[i:i + step], temperature, with_entropy,
                            None if routing is None else partial(routing, slice(i, i + step)), share_prompts, packing,
-                           None if vision is None else vision[i:i + step])
+                           None if vision is None else vision[i:i + step], packed_attention)
              for i in range(0, prompt_ids.shape[0], step)]
     logp = torch.cat([p[0] for p in parts])
     return logp, torch.cat([p[1] for p in parts]) if with_entropy else None

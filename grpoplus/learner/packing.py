@@ -15,6 +15,8 @@ those the architecture matrix proves; :func:`check_packing` decides per model, o
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -42,17 +44,20 @@ class PackedRows:
 
     ``input_ids``, ``position_ids``: [1, S] row after row, each row's positions from 0; ``keep``: [n, L] bool, the
     padded columns that are real (their row-major order is the packed order); ``predict``: [M] long, the packed
-    index of the output that predicts each scored token (the token before it in its row).
+    index of the output that predicts each scored token (the token before it in its row); ``attention``: the
+    attention implementation the packed forward runs under (None: the model's own, :func:`packed_attention`).
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     keep: torch.Tensor
     predict: torch.Tensor
+    attention: str | None = None
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-              scored: tuple[torch.Tensor, torch.Tensor], first_scored_col: int) -> PackedRows:
+              scored: tuple[torch.Tensor, torch.Tensor], first_scored_col: int, attention: str | None = None
+              ) -> PackedRows:
     """Pack the rows of one padded forward.
 
     Args:
@@ -60,12 +65,13 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
             right-padded responses; positions counted over the real tokens from 0).
         scored: (rows, cols) of the M scored tokens, cols counted from ``first_scored_col`` (the response's first
             column); each has a real token before it in its row (its prompt's last token at least).
+        attention: the attention implementation of the packed forward (None: the model's own).
     """
     keep = attention_mask.bool()  # [n, L]
     slot = keep.reshape(-1).cumsum(0).reshape(keep.shape) - 1  # [n, L] packed index of each real token
     rows, cols = scored
     predict = slot[rows, cols + first_scored_col] - 1  # [M]: the output one token earlier in the same row
-    return PackedRows(input_ids[keep][None], position_ids[keep][None], keep, predict)
+    return PackedRows(input_ids[keep][None], position_ids[keep][None], keep, predict, attention)
 
 
 def packing_refusal(model: torch.nn.Module) -> str | None:
@@ -99,10 +105,76 @@ def check_packing(mode: str, model: torch.nn.Module) -> bool | str:
         return True if mode == "on" else "auto"
     if mode == "on":
         raise ValueError(f"learner.packing=on cannot pack this model: {why}; set learner.packing=auto or off")
-    import sys
-
     print(f"grpoplus: note: learner.packing=auto pads this model's micro-batches: {why}", file=sys.stderr)
     return False
+
+
+PACKED_ATTENTION_MODES = ("auto", "model", "flex_attention")
+
+FLEX_ON_CPU = "PyTorch's flex attention has no backward on a CPU (measured on torch 2.13)"
+
+
+def packed_attention(mode: str, model: torch.nn.Module, packing: bool | str) -> str | None:
+    """The attention implementation a packed forward switches to (``learner.packed_attention``), None for the
+    model's own: ``model`` keeps it; ``flex_attention`` uses PyTorch's flex attention, whose block mask holds each
+    row's span rather than an [S, S] mask and whose kernel skips the blocks across rows; ``auto`` uses it for a
+    policy on a GPU and keeps the model's own on a CPU (:data:`FLEX_ON_CPU`). Nothing to decide where the learner
+    never packs."""
+    if mode not in PACKED_ATTENTION_MODES:
+        raise ValueError(f"learner.packed_attention={mode!r} is not one of {', '.join(PACKED_ATTENTION_MODES)}")
+    own = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if packing is False or mode == "model" or own in VARLEN_ATTENTION:
+        return None
+    if next(model.parameters()).device.type != "cuda":
+        if mode == "auto":
+            return None
+        raise ValueError(f"learner.packed_attention=flex_attention needs a GPU: {FLEX_ON_CPU}; set "
+                         "learner.packed_attention=auto or model")
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as err:
+        if mode == "auto":
+            return None
+        raise ValueError(f"learner.packed_attention=flex_attention needs torch's flex attention ({err}); "
+                         "set learner.packed_attention=model") from None
+    return "flex_attention"
+
+
+FAILED_ATTENTION: set[str] = set()
+"""Packed attention implementations that raised in this process (each then said once; the model's own from then)."""
+
+
+@contextmanager
+def attention_as(model: torch.nn.Module, attention: str | None):
+    """Run ``model``'s forwards under the attention implementation ``attention`` (None: as it is), restored after."""
+    config = model.config
+    own = config._attn_implementation
+    if attention is None or attention == own:
+        yield
+        return
+    config._attn_implementation = attention
+    try:
+        yield
+    finally:
+        config._attn_implementation = own
+
+
+def packed_forward(model: torch.nn.Module, attention: str | None, forward):
+    """``forward()`` under the packed attention ``attention``; one that raises (a compilation that fails) is said in
+    one line and the forward runs again, and from then on, under the model's own attention (its block mask)."""
+    if attention is None or attention in FAILED_ATTENTION:
+        return forward()
+    try:
+        with attention_as(model, attention):
+            return forward()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- any failure of the kernel's compilation: the model's own attention
+        FAILED_ATTENTION.add(attention)
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        print(f"grpoplus: note: the packed forward under {attention} failed ({type(err).__name__}: {first}); "
+              "packed forwards use the model's own attention from now on", file=sys.stderr)
+        return forward()
 
 
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
@@ -148,26 +220,28 @@ def packed_cost(prompt_mask: torch.Tensor, response_mask: torch.Tensor, varlen: 
     return ForwardCost(total, int((lengths * lengths).sum()) if varlen else total * total)
 
 
-def layer_flops(model: torch.nn.Module) -> tuple[float, float, bool]:
+def layer_flops(model: torch.nn.Module, attention: str | None = None) -> tuple[float, float, bool]:
     """(FLOPs per token through a decoder layer's weights, FLOPs per attention score, whether its packed attention
-    is varlen): 2 per weight (every weight counted, experts included), 4 x heads x head dim per score, each the mean
-    over the layers (layers may differ: :mod:`grpoplus.models.shape`)."""
+    (``attention``, else the model's own) is varlen): 2 per weight (every weight counted, experts included),
+    4 x heads x head dim per score, each the mean over the layers (layers may differ: :mod:`grpoplus.models.shape`)."""
     config = model.config
     layers, kinds = checkpointable_layers(model), layer_configs(config)
     weights = sum(p.numel() for layer in layers for p in layer.parameters()) / len(layers) if layers else \
         sum(p.numel() for p in model.parameters()) / len(kinds)
-    return 2.0 * weights, 4.0 * attention_width(config), getattr(config, "_attn_implementation", None) in VARLEN_ATTENTION
+    attention = attention or getattr(config, "_attn_implementation", None)
+    return 2.0 * weights, 4.0 * attention_width(config), attention in VARLEN_ATTENTION
 
 
 def packing_pays(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  response_mask: torch.Tensor, share_prompts: bool | str,
-                 micro_batches: list[torch.Tensor] | None = None) -> bool:
+                 micro_batches: list[torch.Tensor] | None = None, attention: str | None = None) -> bool:
     """Whether packing these rows computes fewer FLOPs than padding them (``learner.packing=auto``): packing drops the
     padding, but computes every row's prompt (shared prompts compute a group's once) and, without a varlen attention,
     scores the packed sequence against itself under a block mask (never one of more than :data:`MASKED_SCORES`
     scores). ``micro_batches``: the row indices of each forward (default: all rows in one), costs added up over them,
-    so that one answer holds for them all (an optimizer step's, the same on every learner rank)."""
-    per_token, per_score, varlen = layer_flops(model)
+    so that one answer holds for them all (an optimizer step's, the same on every learner rank); ``attention``: the
+    packed forwards' attention implementation (:func:`packed_attention`; None: the model's own)."""
+    per_token, per_score, varlen = layer_flops(model, attention)
     packed = padded = 0.0
     for idx in micro_batches if micro_batches is not None else [torch.arange(len(prompt_mask))]:
         cost = packed_cost(prompt_mask[idx], response_mask[idx], varlen)

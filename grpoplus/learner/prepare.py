@@ -54,6 +54,7 @@ class LearnerPlan:
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: bool | str = False  # forwards' rows as one sequence without padding: True, or "auto" where that computes less
     compile: str = "off"  # off, or the torch.compile mode of the decoder layers (grpoplus.learner.compiling)
+    packed_attention: str | None = None  # a packed forward's attention implementation (None: the model's own)
 
     def __post_init__(self):
         check_replay_source(self.routing_replay, self.logp_old)
@@ -88,7 +89,8 @@ def decided_packing(model, rollouts: Rollouts, plan: LearnerPlan) -> LearnerPlan
     n = len(rollouts.group_ids)
     forwards = list(torch.arange(n).split(plan.micro_batch_size or n))
     return replace(plan, packing=packing_pays(model, rollouts.prompt_ids, rollouts.prompt_mask,
-                                              rollouts.response_mask, estimated_sharing(plan), forwards))
+                                              rollouts.response_mask, estimated_sharing(plan), forwards,
+                                              plan.packed_attention))
 
 
 @torch.no_grad()
@@ -103,7 +105,7 @@ def learner_logprobs(model, rollouts: Rollouts, plan: LearnerPlan, with_entropy:
                                           temperature=plan.temperature, with_entropy=with_entropy,
                                           micro_batch_size=plan.micro_batch_size, routing=routing,
                                           share_prompts=forward_sharing(plan), packing=plan.packing,
-                                          **vision_of(rollouts.vision))
+                                          packed_attention=plan.packed_attention, **vision_of(rollouts.vision))
     return logp.cpu(), None if entropy is None else entropy.cpu()
 
 

@@ -162,7 +162,8 @@ def _packed(ctx: StepContext, batch: TrainBatch, planned: list[torch.Tensor]) ->
     if plan.packing != "auto":
         return [bool(plan.packing)] * len(planned)
     share = estimated_sharing(plan) and not ctx.algo.entropy_bonus  # the entropy-bonus forward shares no prompt
-    pays = packing_pays(ctx.model, batch.prompt_ids, batch.prompt_mask, batch.response_mask, share, planned)
+    pays = packing_pays(ctx.model, batch.prompt_ids, batch.prompt_mask, batch.response_mask, share, planned,
+                        plan.packed_attention)
     return [pays] * len(planned)
 
 
@@ -259,10 +260,12 @@ def _forward(ctx: StepContext, mb: MicroBatch) -> Forward:
             autocast(plan.precision, args[0].device):
         if algo.entropy_bonus:
             return Forward(*hooks.forward(response_logprobs_and_entropy, ctx.model, *args,
-                                          temperature=plan.temperature, routing=routing, packing=mb.packed))
+                                          temperature=plan.temperature, routing=routing, packing=mb.packed,
+                                          packed_attention=plan.packed_attention))
         return Forward(*hooks.forward(response_logprobs, ctx.model, *args, temperature=plan.temperature,
                                       with_entropy=ctx.measures_entropy, routing=routing,
-                                      share_prompts=forward_sharing(plan), packing=mb.packed, **vision_of(rows.vision)))
+                                      share_prompts=forward_sharing(plan), packing=mb.packed,
+                                      packed_attention=plan.packed_attention, **vision_of(rows.vision)))
 
 
 def clip_cov_generator(seed: int, optimizer_step: int) -> torch.Generator:

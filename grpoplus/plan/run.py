@@ -119,6 +119,8 @@ class UpdatePlan:
     objective: str = "policy"  # policy: the algorithm's loss | sft: the demonstrations' negative log-likelihood
     packing: str = "auto"  # learner.packing: auto | on | off (the model decides auto: learner.packing.check_packing)
     compile: str = "off"  # learner.compile: off, or the torch.compile mode of the layers (learner.compiling)
+    packed_attention: str = "auto"  # learner.packed_attention (the model and device decide auto:
+    # learner.packing.packed_attention)
     row_tokens: int = 0  # the longest row a micro-batch takes (data.max_prompt_tokens + the response budget; 0: the
     # model's context): what an auto budget must hold at least
 
@@ -318,7 +320,7 @@ def update_plan(cfg: Config) -> UpdatePlan:
         gradient_checkpointing=lrn.gradient_checkpointing,
         trim_every=EAGER_TRIM_LAYERS if memory == "eager" else 0, release_after_update=memory != "off",
         precision=lrn.precision, sharded=lrn.sharded, objective="sft" if sft else "policy", packing=packing_mode(cfg),
-        compile=lrn.compile_mode if lrn.compile else "off",
+        compile=lrn.compile_mode if lrn.compile else "off", packed_attention=lrn.packed_attention,
         row_tokens=cfg.data.max_prompt_tokens + response_budget(cfg.data, cfg.rollout) if cfg.data.max_prompt_tokens else 0)
 
 

@@ -193,3 +193,30 @@ def test_the_chunked_heads_weight_gradient_runs_in_bf16_on_the_gpu_close_to_floa
     assert grads[1].dtype == torch.float32
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert 1e-6 < rel < 2e-2  # bf16's rounding, not float32's
+
+
+def test_a_packed_forward_under_flex_attention_gives_the_padded_gradients_on_the_gpu(capsys):
+    # learner.packed_attention=auto on a GPU: packed rows under flex attention (each row's block, no [S, S] mask), the
+    # padded forward's log-probs and gradients to float32 rounding, and no fallback said
+    from grpoplus.learner.logprobs import response_logprobs
+    from grpoplus.learner.packing import packed_attention
+
+    F.ieee_fp32(CUDA)
+    model = F.nano(CUDA)
+    assert packed_attention("auto", model, "auto") == "flex_attention"
+    g = torch.Generator().manual_seed(0)
+    lens_p, lens_r = torch.tensor([9, 5, 3, 7]), torch.tensor([12, 2, 7, 10])
+    pm = (torch.arange(9)[None] >= 9 - lens_p[:, None]).long()
+    rm = (torch.arange(12)[None] < lens_r[:, None]).long()
+    rows = [x.to(CUDA) for x in (torch.randint(5, 60, (4, 9), generator=g) * pm, pm,
+                                 torch.randint(5, 60, (4, 12), generator=g) * rm, rm)]
+    out = []
+    for kwargs in ({"share_prompts": False}, {"packing": True, "packed_attention": "flex_attention"}):
+        model.zero_grad(set_to_none=True)
+        logp, _ = response_logprobs(model, *rows, **kwargs)
+        logp.sum().backward()
+        out.append((logp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(out[1][0], out[0][0], atol=1e-4, rtol=0)
+    for a, b in zip(out[0][1], out[1][1]):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3)
+    assert "packed forward under flex_attention failed" not in capsys.readouterr().err
