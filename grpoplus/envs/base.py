@@ -8,7 +8,9 @@ An environment is any object with
   text; the answer to append, the turn's reward (None: none), whether the episode is over, and a dict;
 - ``close()`` (optional): always called once the trajectory ends, whatever ended it.
 
-An observation is a string, a chat message (``{"role": "user" | "tool", "content": ...}``) or a list of them.
+An observation is a string, a chat message (``{"role": "user" | "tool", "content": ...}``) or a list of them; a
+message's content may be a list of text and image parts (``{"type": "image", "image": source}``, a source as a data
+row's images take: :mod:`grpoplus.data.images`), which a vision-language policy sees.
 ``reset``, ``step`` and ``close`` may be ``async def``: they are awaited. Environments are registered in
 :data:`ENVS` (``@ENVS.register("name")`` on a factory taking the row's fields) and selected by ``data.env``: a
 registered name, ``module:factory`` or ``path/file.py:factory``. A factory is called once per rollout with the
@@ -86,11 +88,21 @@ def as_step(value: Any) -> StepResult:
 
 
 def check_observation(obs: Observation) -> None:
-    """A string, a message dict with string ``content``, a list of those, or None; else :class:`MalformedStep`."""
+    """A string, a message dict whose ``content`` is a string or a list of parts (``{"type": "text", "text": str}``,
+    ``{"type": "image", "image": source}``: a vision-language policy's), a list of those, or None; else
+    :class:`MalformedStep`."""
     items = obs if isinstance(obs, list) else [obs]
     for item in items:
         if item is None or isinstance(item, str):
             continue
-        if isinstance(item, dict) and isinstance(item.get("content"), str):
+        if isinstance(item, dict) and (isinstance(item.get("content"), str) or _parts(item.get("content"))):
             continue
-        raise MalformedStep(f"observation {str(item)[:60]!r} is not text or a chat message with text content")
+        raise MalformedStep(f"observation {str(item)[:60]!r} is not text or a chat message with text content (or a "
+                            'list of {"type": "text", "text": ...} and {"type": "image", "image": ...} parts)')
+
+
+def _parts(content) -> bool:
+    """Whether ``content`` is a non-empty list of text and image parts."""
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(p, dict) and ((p.get("type") == "text" and isinstance(p.get("text"), str))
+                                 or (p.get("type") == "image" and p.get("image") is not None)) for p in content)

@@ -16,7 +16,10 @@ from grpoplus.envs.render import has_template, messages, roles_known
 
 
 def drifted(tokenizer, episode) -> bool:
-    """Whether re-rendering ``episode`` (a :class:`grpoplus.envs.episodes.Episode`) gives other ids."""
+    """Whether re-rendering ``episode`` (a :class:`grpoplus.envs.episodes.Episode`) gives other ids; a
+    vision-language policy's trajectories (rendered by its processor, images expanded) are not measured (False)."""
+    if getattr(episode, "vision", None) is not None:
+        return False
     ids = episode.context()
     if has_template(tokenizer) and episode.opening is not None:
         msgs = list(episode.opening)

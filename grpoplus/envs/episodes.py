@@ -40,6 +40,16 @@ from grpoplus.envs.calls import InFlight, Outcome, awaited, run_all
 from grpoplus.envs.drift import drifted
 from grpoplus.envs.render import first_prompt_ids, is_tool_result, messages, observation_ids
 from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
+from grpoplus.envs.vision_turns import (
+    context_inputs,
+    row_opening,
+    shows_images,
+    trajectory_inputs,
+    vision_observation,
+    vision_opening,
+    vision_row_prompt,
+)
+from grpoplus.models.vision import VisionInputs, processor_of
 from grpoplus.rollout.base import check_rollouts
 
 REASONS = ("done", "max_turns", "length", "context", "error", "timeout", "malformed")
@@ -75,8 +85,10 @@ class EpisodePlan:
 
 
 def row_of(example) -> dict:
-    """A task example as the data row an environment is made from: ``prompt``, ``answer`` and its extra fields."""
-    return {"prompt": example.prompt, "answer": example.answer, **example.fields}
+    """A task example as the data row an environment is made from: ``prompt``, ``answer`` and its extra fields (its
+    ``images`` among them, where its prompt shows some)."""
+    images = getattr(example, "images", ())
+    return {"prompt": example.prompt, "answer": example.answer, **example.fields, **({"images": images} if images else {})}
 
 
 @dataclass
@@ -92,6 +104,7 @@ class Episode:
     opening: list[dict] | None = None  # the messages the prompt was rendered from (None: raw text)
     said: list = field(default_factory=list)  # each turn's observation as the environment gave it
     tools: list[dict] | None = None  # the tool schemas the prompt described
+    vision: VisionInputs | None = None  # a vision-language policy's: the prompt's processor outputs
 
     @property
     def used(self) -> int:
@@ -132,7 +145,8 @@ def run_episodes(engine, tokenizer, factory: Callable[..., Any], rows: list[dict
     t2 = time.perf_counter()
     run_all([e.env.close for e in episodes if callable(getattr(e.env, "close", None))], limits.timeout_s)
     env_s += time.perf_counter() - t2
-    trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e), e.reason) for e in episodes]
+    trajectories = [Trajectory(e.prompt, e.turns, e.reason == "done", _text(tokenizer, e), e.reason,
+                               None if e.vision is None else trajectory_inputs(e)) for e in episodes]
     rollouts = to_rollouts(trajectories, [i // params.n for i in range(len(episodes))],
                            list(prompt_index) if prompt_index is not None else list(range(len(rows))),
                            engine.pad_id, policy_version=min(versions, default=getattr(engine, "version", 0)))
@@ -169,14 +183,34 @@ def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bo
     for row, env, r in zip(rows, envs, resets):
         tools = getattr(env, "tool_schemas", None)
         opening = messages(r.value) if r.ok else []
-        if not opening and chat:
-            opening = messages(row["prompt"])
-        prompt = first_prompt_ids(tokenizer, opening, tools) if opening else tokenizer(row["prompt"])["input_ids"]
-        episode = Episode(env, prompt, opening=opening or None, tools=tools)
+        shown = row.get("images") if not opening else None
+        if not opening and chat:  # the row's prompt as the first user message, showing the row's images
+            opening = row_opening(row["prompt"], tuple(shown)) if shown and isinstance(row["prompt"], str) else \
+                messages(row["prompt"])
+            shown = None if isinstance(row["prompt"], str) else shown
+        episode = Episode(env, [], opening=opening or None, tools=tools)
+        try:
+            episode.prompt, episode.vision = _prompt(tokenizer, row, opening, tools, shown)
+        except ValueError as err:  # an image that does not decode, or one a text policy was shown
+            r = Outcome(error=MalformedStep(str(err)))
+            episode.prompt = tokenizer(row["prompt"])["input_ids"]
         if not r.ok:
             episode.reason = _failure(r, "reset", warned)
         episodes.append(episode)
     return episodes
+
+
+def _prompt(tokenizer, row: dict, opening: list[dict], tools, shown) -> tuple[list[int], VisionInputs | None]:
+    """A trajectory's prompt ids (and a vision-language policy's processor outputs): from its opening messages, or
+    the row's prompt as it is (text that shows the row's images ``shown``, or a template-less model's text)."""
+    processor = processor_of(tokenizer)
+    if processor is not None:
+        if opening:
+            return vision_opening(processor, opening, tools)
+        return vision_row_prompt(processor, row["prompt"], tuple(shown or ()))
+    if shown or shows_images(opening):
+        raise ValueError("the prompt shows images, and the policy is a text model: use a vision-language policy")
+    return (first_prompt_ids(tokenizer, opening, tools) if opening else tokenizer(row["prompt"])["input_ids"]), None
 
 
 def _reset(env, row: dict):
@@ -217,8 +251,9 @@ def _sample_turn(engine, tokenizer, live: list[Episode], params: SamplingParams,
     if not active:
         return []
     turn = replace(params, max_new_tokens=max(cap for _, _, cap in active))
-    out = check_rollouts(engine.generate([c for _, c, _ in active], turn, generator=generator), len(active), turn,
-                         engine.name)
+    shown = {"vision": [context_inputs(e) for e, _, _ in active]} if active[0][0].vision is not None else {}
+    out = check_rollouts(engine.generate([c for _, c, _ in active], turn, generator=generator, **shown), len(active),
+                         turn, engine.name)
     for row, (e, _, cap) in enumerate(active):
         n = int(out.response_mask[row].sum())
         ids, logp = out.response_ids[row, :n].tolist(), out.logp_roll[row, :n].tolist()
@@ -263,7 +298,7 @@ def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits, warn
         e.reason = "done"
         return
     try:
-        obs = observation_ids(tokenizer, result.observation)
+        obs, shown = _observation(tokenizer, e, result.observation)
     except ValueError as err:
         e.reason = _failure(Outcome(error=MalformedStep(str(err))), "step", warned)
         return
@@ -273,9 +308,20 @@ def _answer(tokenizer, e: Episode, outcome: Outcome, limits: EpisodeLimits, warn
     if len(obs) >= room:  # no room left for the observation and a next turn
         e.reason = "context"
     else:
-        e.turns[-1].observation = obs
+        e.turns[-1].observation, e.turns[-1].shown = obs, shown
         e.turns[-1].by_tool = is_tool_result(result.observation)
         e.said.append(result.observation)
+
+
+def _observation(tokenizer, e: Episode, obs) -> tuple[list[int], VisionInputs | None]:
+    """An observation's ids (and a vision-language policy's processor outputs); ``ValueError`` for one that cannot be
+    appended (an image a text policy was shown, or one that does not decode)."""
+    if e.vision is not None:
+        return vision_observation(processor_of(tokenizer), obs)
+    if shows_images(obs):
+        raise ValueError("the observation shows an image, and the policy is a text model: use a vision-language "
+                         "policy, or observations of text")
+    return observation_ids(tokenizer, obs), None
 
 
 def _failure(outcome: Outcome, call: str, warned: set[str]) -> str:

@@ -32,8 +32,21 @@ def messages(obs: Observation) -> list[dict]:
 
 
 def text_of(obs: Observation) -> str:
-    """The observation's text (several messages joined by newlines)."""
-    return "\n".join(m["content"] for m in messages(obs))
+    """The observation's text (several messages joined by newlines; a message's text parts joined)."""
+    return "\n".join(content_text(m["content"]) for m in messages(obs))
+
+
+def content_text(content: str | list) -> str:
+    """A message content's text: itself, or its text parts joined (its image parts have none)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content if part.get("type") == "text")
+
+
+def image_parts(obs: Observation) -> list:
+    """The image sources an observation shows (``{"type": "image", "image": source}`` parts), in order."""
+    return [part["image"] for m in messages(obs) if isinstance(m.get("content"), list)
+            for part in m["content"] if part.get("type") == "image"]
 
 
 def is_tool_result(obs: Observation) -> bool:
@@ -54,7 +67,7 @@ def observation_ids(tokenizer, obs: Observation) -> list[int]:
         return []
     if not has_template(tokenizer):
         return tokenizer(CHAR_MARKUP.format(text=text_of(obs)), add_special_tokens=False)["input_ids"]
-    return tokenizer(chat_suffix(tokenizer, tuple((m["role"], m["content"]) for m in msgs)),
+    return tokenizer(chat_suffix(tokenizer, tuple((m["role"], content_text(m["content"])) for m in msgs)),
                      add_special_tokens=False)["input_ids"]
 
 
@@ -83,14 +96,19 @@ def _suffix_form(tokenizer, roles: tuple[str, ...]) -> str:
 
 
 def _render_suffix(tokenizer, msgs) -> str:
-    full = roles_known(tokenizer, [{"role": r, "content": c} for r, c in msgs])
-    base = tokenizer.apply_chat_template(_PROBE, tokenize=False)
-    extended = tokenizer.apply_chat_template(_PROBE + full, tokenize=False, add_generation_prompt=True)
+    return suffix_after(tokenizer, roles_known(tokenizer, [{"role": r, "content": c} for r, c in msgs]), _PROBE)
+
+
+def suffix_after(owner, full: list[dict], probe: list[dict]) -> str:
+    """What ``owner``'s chat template (a tokenizer's or a processor's) writes for the messages ``full`` after the
+    end of the ``probe`` conversation's assistant turn (whose text ends in ``y``)."""
+    base = owner.apply_chat_template(probe, tokenize=False)
+    extended = owner.apply_chat_template(probe + full, tokenize=False, add_generation_prompt=True)
     end = base.rindex("y") + 1
     if not extended.startswith(base[:end]):
         raise ValueError("the tokenizer's chat template rewrites earlier turns when one is added, so an observation "
                          "cannot be appended as ids: use a template that only appends")
-    eos = tokenizer.eos_token or ""
+    eos = getattr(owner, "eos_token", None) or getattr(getattr(owner, "tokenizer", None), "eos_token", None) or ""
     if eos and base.startswith(eos, end):  # the model samples its end token itself: the suffix starts after it
         end += len(eos)
     return extended[end:]

@@ -6,11 +6,12 @@ transformers' ``get_json_schema``. The policy calls tools in the stated format, 
     <tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>
 
 (the format of the Hermes / Qwen chat templates). Each call runs and its result is appended as a ``tool`` message;
-a turn with no call is the final answer and ends the episode. A tool that raises, an unknown tool, or a call that
-is not valid JSON answers the model with the error as the tool's result (counted in ``env/tool_errors``), and the
-episode goes on. A chat template that takes ``tools`` renders the schemas itself; any other (SmolLM2's plain
-ChatML, the character model) gets them in a system message with the call format stated
-(:func:`grpoplus.rewards.tool_calls.tools_system_text`).
+a turn with no call is the final answer and ends the episode. A tool may return a ``PIL.Image`` (or a list of
+``{"type": "text" | "image", ...}`` parts): a vision-language policy sees the picture as the tool's result. A tool
+that raises, an unknown tool, or a call that is not valid JSON answers the model with the error as the tool's
+result (counted in ``env/tool_errors``), and the episode goes on. A chat template that takes ``tools`` renders the
+schemas itself; any other (SmolLM2's plain ChatML, the character model) gets them in a system message with the call
+format stated (:func:`grpoplus.rewards.tool_calls.tools_system_text`).
 
 Built-in tools: ``calculator`` (arithmetic, no names or calls) and ``python`` (runs code in grpoplus's code
 sandbox: :func:`grpoplus.rewards.sandbox.run_python`, no host files, no network).
@@ -22,6 +23,7 @@ import ast
 import inspect
 import json
 import operator
+import sys
 from typing import Any, Callable
 
 from grpoplus.core.registry import Registry, import_object
@@ -54,8 +56,8 @@ def parse_calls(text: str) -> list[tuple[str, dict] | str]:
     return calls
 
 
-def run_call(tools: dict[str, Callable], call) -> tuple[str, bool]:
-    """(the call's result as text, whether it failed)."""
+def run_call(tools: dict[str, Callable], call) -> tuple[str | list, bool]:
+    """(the call's result as text, or as content parts where it is an image or parts already, whether it failed)."""
     if isinstance(call, str):
         return call, True
     name, arguments = call
@@ -65,7 +67,18 @@ def run_call(tools: dict[str, Callable], call) -> tuple[str, bool]:
         result = tools[name](**arguments)
     except Exception as err:  # noqa: BLE001 - a tool's error is the model's to read
         return f"error: {type(err).__name__}: {err}", True
+    if _is_image(result):  # a vision-language policy sees it (a text policy's trajectory ends, counted)
+        return [{"type": "image", "image": result}], False
+    if isinstance(result, list) and result and all(isinstance(p, dict) and p.get("type") in ("text", "image")
+                                                   for p in result):
+        return result, False
     return result if isinstance(result, str) else json.dumps(result, default=str), False
+
+
+def _is_image(value) -> bool:
+    """A ``PIL.Image`` (what a tool returns to show a picture)."""
+    image = getattr(sys.modules.get("PIL.Image"), "Image", None)  # no PIL imported: no image
+    return image is not None and isinstance(value, image)
 
 
 class ToolEnv:
@@ -83,6 +96,10 @@ class ToolEnv:
     def reset(self, **row):
         extra = self.first(**row) if self.first is not None else None
         prompt = row["prompt"] + (f"\n\n{extra}" if extra else "")
+        images = row.get("images") or ()  # a row's images, shown before its text (a vision-language policy's)
+        if images and isinstance(row["prompt"], str):
+            return [{"role": "user", "content": [{"type": "image", "image": i} for i in images]
+                     + [{"type": "text", "text": prompt}]}]
         return [{"role": "user", "content": prompt}]
 
     def step(self, action: str) -> StepResult:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpoplus.containers import Rollouts
+from grpoplus.models.vision import VisionInputs
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Turn:
     observation: list[int] = field(default_factory=list)  # ids appended after the turn (empty: none)
     reward: float | None = None  # the environment's reward for this turn, if it gives one
     by_tool: bool = False  # the observation is tool results (role "tool"), not the environment's own text
+    shown: VisionInputs | None = None  # a vision-language policy's: the observation's processor outputs
 
     def __post_init__(self):
         if len(self.sampled) != len(self.logp):
@@ -41,6 +43,7 @@ class Trajectory:
     finished: bool
     text: str = ""  # the transcript the reward functions read
     reason: str | None = None  # why it ended (grpoplus.envs.episodes.REASONS)
+    vision: VisionInputs | None = None  # a vision-language policy's: its prompt's and response's processor outputs
 
     def response(self) -> tuple[list[int], list[int], list[float]]:
         """(ids, 1 where the policy sampled the id else 0, sampler log-prob or 0) of every turn in order."""
@@ -95,4 +98,6 @@ def to_rollouts(trajectories: list[Trajectory], group_ids: list[int], prompt_ind
                     model_mask=model_mask, turn_rewards=[[t.reward for t in tr.turns if t.sampled] for tr in trajectories],
                     turn_ends=[tr.turn_ends() for tr in trajectories],
                     observation_sources=[tr.observation_sources() for tr in trajectories],
-                    end_reasons=None if any(t.reason is None for t in trajectories) else [t.reason for t in trajectories])
+                    end_reasons=None if any(t.reason is None for t in trajectories) else [t.reason for t in trajectories],
+                    vision=None if all(t.vision is None for t in trajectories) else
+                    [t.vision or VisionInputs() for t in trajectories])

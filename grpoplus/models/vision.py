@@ -35,10 +35,14 @@ class VisionInputs:
     """One prompt's processor outputs beyond its token ids (shared by the rows sampled from it).
 
     ``tokens``: name -> [p] over the prompt's p real tokens; ``images``: name -> the processor's tensor for the
-    prompt's images (dim 0 runs over images or patches, or, Idefics3's, is the prompt's one row)."""
+    row's images (dim 0 runs over images or patches, or, Idefics3's, is the prompt's one row): the prompt's, then
+    those a multi-turn environment showed in its observations; ``response_tokens``: name -> [r] over the first r
+    columns of the response (a multi-turn row's: zeros on sampled tokens, the processor's values on an observation's
+    image tokens; empty: zeros)."""
 
     tokens: dict[str, torch.Tensor] = field(default_factory=dict)
     images: dict[str, torch.Tensor] = field(default_factory=dict)
+    response_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def has_images(self) -> bool:
@@ -179,27 +183,41 @@ def encode_prompts(processor, prompts: list[str], images: list[list] | None, pad
     alone, then left-padded: ``(input_ids [B, P], attention_mask [B, P], one VisionInputs per prompt)``."""
     ids, inputs = [], []
     for j, text in enumerate(prompts):
-        own = list(images[j]) if images is not None and images[j] else []
-        marker = placeholder_text(processor)
-        shown = text.count(marker) if marker else len(own)
-        if shown != len(own):
-            raise ValueError(f"prompt {j}: it has {len(own)} image(s) and {shown} image placeholder(s) "
-                             f"({marker}) in its text: give each image one placeholder (a chat message entry "
-                             '{"type": "image"})')
-        try:
-            out = processor(text=[text], images=[own] if own else None, return_tensors="pt")
-        except (ValueError, IndexError, TypeError, RuntimeError) as err:  # the processor's own words, on one line
-            raise ValueError(f"prompt {j}: its processor refused it with its {len(own)} image(s): "
-                             f"{(str(err).strip().splitlines() or [''])[0][:200]}") from None
-        ids.append(out["input_ids"][0])
-        inputs.append(VisionInputs(tokens={k: out[k][0] for k in PER_TOKEN if k in out},
-                                   images={k: v for k, v in out.items() if k not in (*TEXT_KEYS, *PER_TOKEN)}))
+        piece, shown = encode_text(processor, text, list(images[j]) if images is not None and images[j] else [],
+                                   f"prompt {j}")
+        ids.append(piece)
+        inputs.append(shown)
     width = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(ids), width, dtype=torch.long)
     for j, x in enumerate(ids):
         input_ids[j, width - len(x):], mask[j, width - len(x):] = x, 1
     return input_ids, mask, inputs
+
+
+def encode_text(processor, text: str, images: list, what: str, continuation: bool = False
+                ) -> tuple[torch.Tensor, VisionInputs]:
+    """``text`` (with one placeholder per image) through ``processor`` with its ``images``: its ids [p] and the rest
+    of the processor's outputs; ``continuation``: text that follows ids already in a row (a multi-turn observation),
+    without the special tokens the tokenizer puts at the start of a text. ``what`` names it in the one-line errors."""
+    marker = placeholder_text(processor)
+    shown = text.count(marker) if marker else len(images)
+    if shown != len(images):
+        raise ValueError(f"{what}: it has {len(images)} image(s) and {shown} image placeholder(s) "
+                         f"({marker}) in its text: give each image one placeholder (a chat message entry "
+                         '{"type": "image"})')
+    try:
+        out = processor(text=[text], images=[images] if images else None, return_tensors="pt")
+    except (ValueError, IndexError, TypeError, RuntimeError) as err:  # the processor's own words, on one line
+        raise ValueError(f"{what}: its processor refused it with its {len(images)} image(s): "
+                         f"{(str(err).strip().splitlines() or [''])[0][:200]}") from None
+    start = 0
+    if continuation:  # the specials a tokenizer opens every text with (a BOS): not inside a row
+        opening = processor.tokenizer("")["input_ids"]
+        if opening and out["input_ids"][0, :len(opening)].tolist() == opening:
+            start = len(opening)
+    return out["input_ids"][0, start:], VisionInputs(tokens={k: out[k][0, start:] for k in PER_TOKEN if k in out},
+                                                     images={k: v for k, v in out.items() if k not in (*TEXT_KEYS, *PER_TOKEN)})
 
 
 def placeholder_text(processor) -> str | None:
@@ -250,25 +268,46 @@ def forward_inputs(rows: list[VisionInputs], prompt_mask: torch.Tensor, response
     n, width = prompt_mask.shape
     device = prompt_mask.device
     kwargs: dict[str, torch.Tensor] = {}
-    for key in sorted({k for r in rows for k in r.tokens}):
+    for key in sorted({k for r in rows for k in (*r.tokens, *r.response_tokens)}):
         values = torch.zeros(n, width + response_columns, dtype=torch.long, device=device)
         for i, row in enumerate(rows):
             if key in row.tokens:
                 values[i, :width][prompt_mask[i].bool()] = row.tokens[key].to(device)
+            if key in row.response_tokens and response_columns:
+                shown = row.response_tokens[key][:response_columns]
+                values[i, width:width + len(shown)] = shown.to(device)
         kwargs[key] = values
     for key in sorted({k for r in rows for k in r.images}):
         kwargs[key] = _joined([r.images[key] for r in rows if key in r.images]).to(device)
     return kwargs
 
 
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``parts`` concatenated along dim 0; where they differ past it (Idefics3's [1, images, ...] of rows with other
+def _joined(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``parts`` concatenated along ``dim``; where they differ past it (Idefics3's [1, images, ...] of rows with other
     image counts), each padded with zeros (an all-zero image is its padding) to the largest."""
-    if len({p.shape[1:] for p in parts}) > 1:
-        size = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
-        parts = [torch.nn.functional.pad(p, [x for d in reversed(range(1, p.dim())) for x in (0, size[d - 1] - p.shape[d])])
+    if len({p.shape[dim + 1:] for p in parts}) > 1:
+        size = [max(p.shape[d] for p in parts) for d in range(parts[0].dim())]
+        parts = [torch.nn.functional.pad(p, [x for d in reversed(range(dim + 1, p.dim())) for x in (0, size[d] - p.shape[d])])
                  for p in parts]
-    return torch.cat(parts)
+    return torch.cat(parts, dim)
+
+
+ROW_SHAPED_DIMS = 5
+"""Idefics3's and SmolVLM's ``pixel_values`` are [rows, images, channels, height, width]: a row's images from several
+processor calls join along dim 1 (with their ``pixel_attention_mask``), where the other families' join along dim 0."""
+
+
+def joined_inputs(pieces: list[tuple[int, VisionInputs | None]]) -> tuple[dict, dict]:
+    """One row's per-token values and images from consecutive pieces of its tokens: ``(length, inputs)``, the
+    inputs' ``tokens`` over that piece's ``length`` tokens (None or a missing name: zeros). Returns ``(tokens,
+    images)``: each name's values over all the pieces' tokens, and each image name's tensors joined in order."""
+    shown = [v for _, v in pieces if v is not None]
+    tokens = {key: torch.cat([v.tokens[key] if v is not None and key in v.tokens else torch.zeros(n, dtype=torch.long)
+                              for n, v in pieces]) for key in sorted({k for v in shown for k in v.tokens})}
+    row_shaped = any(v.images.get("pixel_values", torch.zeros(0)).dim() == ROW_SHAPED_DIMS for v in shown)
+    images = {key: _joined([v.images[key] for v in shown if key in v.images], dim=1 if row_shaped else 0)
+              for key in sorted({k for v in shown for k in v.images})}
+    return tokens, images
 
 
 def vision_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

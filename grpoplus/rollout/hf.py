@@ -318,13 +318,15 @@ class HFEngine:
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
                  prompt_index: list[int] | None = None, generator: torch.Generator | None = None,
-                 images: list[list] | None = None) -> Rollouts:
+                 images: list[list] | None = None, vision: list[VisionInputs] | None = None) -> Rollouts:
         """Sample ``params.n`` responses for each prompt (text, or token ids taken as they are); groups are
         contiguous rows of the result. ``images``: a vision-language model's, per prompt (its chat-template text
-        holds their placeholders): the rows carry the processor's outputs (``Rollouts.vision``)."""
+        holds their placeholders): the rows carry the processor's outputs (``Rollouts.vision``). ``vision``: with
+        token-id prompts, each one's processor outputs already taken (per-token values over its ids, its images: a
+        multi-turn context, :mod:`grpoplus.envs.episodes`)."""
         check_request(prompts, params, prompt_index)
         device = next(self.model.parameters()).device
-        ids, mask, vision = self._encode(prompts, images)
+        ids, mask, vision = self._encode(prompts, images, vision)
         ids, mask = ids.to(device), mask.to(device)  # [B, P]
         stop_ids = torch.tensor(self.stop_ids, device=device)
         was_training = self.model.training
@@ -355,11 +357,15 @@ class HFEngine:
             vision=None if vision is None else [vision[j] for j in range(len(prompts)) for _ in range(params.n)],
         )
 
-    def _encode(self, prompts, images) -> tuple[torch.Tensor, torch.Tensor, list[VisionInputs] | None]:
+    def _encode(self, prompts, images, vision=None) -> tuple[torch.Tensor, torch.Tensor, list[VisionInputs] | None]:
         """Left-padded ids and mask of the prompts, and a vision-language model's processor outputs per prompt."""
-        if images is not None and not self.vision:
+        if (images is not None or vision is not None) and not self.vision:
             raise ValueError(f"prompts with images, but the policy ({type(self.model).__name__}) is a text model: use "
                              "an image-text-to-text model, or rows without images")
+        if vision is not None:  # token ids whose processor outputs were taken already
+            if len(vision) != len(prompts) or isinstance(prompts[0], str):
+                raise ValueError(f"vision inputs go with token-id prompts, one each: {len(vision)} for {len(prompts)}")
+            return (*encode_prompts(self.tokenizer, prompts, self.pad_id), list(vision))
         if not self.vision or self.processor is None:
             if self.vision and images is not None:
                 raise ValueError("prompts with images need the model's processor: build the engine with it")
