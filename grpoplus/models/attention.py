@@ -20,10 +20,12 @@ from transformers.integrations import sdpa_attention
 _ORIGINAL = sdpa_attention.use_gqa_in_sdpa
 
 
-def _use_gqa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> bool:
+def _use_gqa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor | None = None) -> bool:
+    """transformers' decision, or on a CPU yes (where keys and values have one head size); ``value`` is passed by
+    later transformers, not by 5.6 (the oldest this project allows)."""
     if key.device.type == "cpu":
-        return key.shape[-1] == value.shape[-1]
-    return _ORIGINAL(attention_mask, key, value)
+        return value is None or key.shape[-1] == value.shape[-1]
+    return _ORIGINAL(attention_mask, key) if value is None else _ORIGINAL(attention_mask, key, value)
 
 
 def use_cpu_gqa() -> None:
