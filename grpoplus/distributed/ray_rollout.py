@@ -49,10 +49,11 @@ class RolloutWorker:
         return os.getpid()
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int],
-                 state: torch.Tensor) -> tuple[Rollouts, torch.Tensor]:
+                 state: torch.Tensor, per_prompt: dict | None = None) -> tuple[Rollouts, torch.Tensor]:
         generator = torch.Generator()
         generator.set_state(state)
-        rollouts = self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator)
+        rollouts = self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator,
+                                        **(per_prompt or {}))
         if self.release_memory:
             give_back_freed_memory()  # the KV cache and decode work, between rollouts
         return rollouts, generator.get_state()
@@ -92,18 +93,21 @@ class RayRolloutEngine:
             wait(actor.ready.remote(), start_timeout_s, f"rollout worker {i}", "starting (building its engine)")
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Rollouts:
+                 generator: torch.Generator | None = None, **per_prompt) -> Rollouts:
+        """As the workers' engine's ``generate``; ``per_prompt``: its keyword inputs with one value per prompt (a
+        vision-language policy's ``images`` or ``vision``), split with the prompts."""
         with self._busy:
-            return self._generate(prompts, params, prompt_index, generator)
+            return self._generate(prompts, params, prompt_index, generator,
+                                  {k: v for k, v in per_prompt.items() if v is not None})
 
     def _generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None,
-                  generator: torch.Generator | None) -> Rollouts:
+                  generator: torch.Generator | None, per_prompt: dict) -> Rollouts:
         index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
         stream = generator if generator is not None else torch.Generator().manual_seed(self.seed)
         parts = [p.tolist() for p in torch.tensor_split(torch.arange(len(prompts)), len(self.actors)) if len(p)]
         states = _states(stream.get_state(), len(parts))
-        requests = [([prompts[j] for j in part], params, [index[j] for j in part], state)
-                    for part, state in zip(parts, states)]
+        requests = [([prompts[j] for j in part], params, [index[j] for j in part], state,
+                     {k: [v[j] for j in part] for k, v in per_prompt.items()}) for part, state in zip(parts, states)]
         pending = [self.actors[i].generate.remote(*request) for i, request in enumerate(requests)]
         results = [self._result(i, ref, request) for i, (ref, request) in enumerate(zip(pending, requests))]
         if generator is not None:

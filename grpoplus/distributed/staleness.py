@@ -188,12 +188,12 @@ class SnapshotEngine:
             self._pending = (taken, version)
 
     def generate(self, prompts: list[str], params: SamplingParams, prompt_index: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Rollouts:
+                 generator: torch.Generator | None = None, **per_prompt) -> Rollouts:
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
             self.engine.sync_weights(*pending)
-        return self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator)
+        return self.engine.generate(prompts, params, prompt_index=prompt_index, generator=generator, **per_prompt)
 
     def offload(self) -> None:
         """The sampler keeps its memory: it works while the learner updates."""

@@ -59,10 +59,13 @@ class RolloutEngine(Protocol):
     pad_id: int  # the token that pads prompts and responses
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams,
-                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None) -> Rollouts:
+                 prompt_index: list[int] | None = None, generator: torch.Generator | None = None,
+                 **per_prompt) -> Rollouts:
         """Sample ``params.n`` responses for every prompt; groups are contiguous rows. A prompt is a string (tokenized
         with the tokenizer's special tokens) or a list of token ids taken as they are (a multi-turn trajectory
-        continues from the ids it holds: nothing is re-tokenized)."""
+        continues from the ids it holds: nothing is re-tokenized). ``per_prompt``: inputs with one value per prompt
+        that an engine takes (a vision-language policy's ``images``, or ``vision`` with token ids: the hf engine);
+        an engine that wraps another passes them on."""
 
     def sync_weights(self, weights: WeightSource | torch.nn.Module, version: int) -> None:
         """Load the learner's current weights from any :mod:`grpoplus.rollout.weights` source (a module is ``InProcess``);

@@ -164,3 +164,16 @@ def test_multi_turn_rollouts_on_a_ray_worker_train_exactly_like_one_process(shor
     on_ray = _run(short_turns_dir, tmp_path / "ray", "task=guess", "cluster=ray", "rollout.workers=1",
                   "learner.data_parallel=2")
     assert on_ray == local
+
+
+@pytest.mark.slow
+def test_a_vision_language_policy_on_ray_trains_exactly_like_one_process(tmp_path):
+    # rows with images: the rollout worker's engine samples with them, the rows carry the pixels to the two learner
+    # ranks over Ray, and every metric and weight is one process's
+    common = ("model=tiny-vlm", "task=shapes", "max_steps=2", "eval_every=0")
+    train(build_config("dapo", None, [f"out={tmp_path / 'local'}", *SMALL, *common]))
+    train(build_config("dapo", None, [f"out={tmp_path / 'ray'}", *SMALL, *common, "cluster=ray", "rollout.workers=1",
+                                      "learner.data_parallel=2"]))
+    local, on_ray = _records(tmp_path / "local"), _records(tmp_path / "ray")
+    assert len(local) == 3 and on_ray == local  # step 0 (the held-out evaluation), then two steps
+    assert _equal(_final(tmp_path / "ray")[1], _final(tmp_path / "local")[1])

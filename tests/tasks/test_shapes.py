@@ -48,3 +48,13 @@ def test_the_tiny_vision_language_model_warm_starts_and_trains_on_the_task(tmp_p
     assert last["step"] == 2 and "eval/accuracy" in last and last["reward/errors"] == 0.0
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     assert 0 <= sample["prompt_index"] < 2000  # a training picture
+
+
+def test_rollouts_with_images_run_ahead_of_the_learner(tmp_path):
+    # rollout.max_staleness=1: the sampler's thread samples the next batch, its pictures passed through the wrapper
+    run = tmp_path / "async"
+    assert main(["train", "--task", "shapes", "--model", "tiny-vlm", "--out", str(run), "max_steps=3",
+                 "prompts_per_step=2", "group_size=2", "max_new_tokens=6", "eval_every=0", "max_staleness=1",
+                 *FAST]) == 0
+    steps = [r for r in read_metrics(run) if r["step"] > 0]
+    assert len(steps) == 3 and max(r["async/staleness_max"] for r in steps) == 1
