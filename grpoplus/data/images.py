@@ -77,6 +77,27 @@ def _source(item, base: Path | None):
     raise ValueError(f"an image must be a path, bytes, a datasets Image value or a PIL image, got {type(item).__name__}")
 
 
+def stored_images(value, folder: Path, stem: str) -> list[str]:
+    """A row's ``images`` as a data file can hold them: each image held in memory (a ``PIL.Image``, bytes, a
+    ``datasets`` Image value with bytes) written into ``folder`` as ``<stem>-<k>`` (PNG for a PIL image, the bytes as
+    they are otherwise) and named relative to ``folder``'s parent (the data file's folder); a path made absolute."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    names = []
+    for k, item in enumerate(items):
+        source = _source(item, None)
+        if isinstance(source, Path):
+            names.append(str(source.resolve()))
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"{stem}-{k}{'.img' if isinstance(source, bytes) else '.png'}"
+        if isinstance(source, bytes):
+            target.write_bytes(source)
+        else:
+            source.save(target, format="PNG")
+        names.append(f"{folder.name}/{target.name}")
+    return names
+
+
 def _open(source):
     from PIL import Image
 

@@ -4,7 +4,9 @@ A run's config is plain data (it is saved as ``config.yaml``, read back on resum
 and Ray worker receives is derived from it), so each object becomes a value the config can hold:
 
 - a data set (a list of dicts, a ``datasets.Dataset``, a pandas ``DataFrame``, any iterable of mappings) is
-  written to ``RUN/inputs/<name>.jsonl`` and named by its path (the run keeps what it trained on);
+  written to ``RUN/inputs/<name>.jsonl`` and named by its path (the run keeps what it trained on); a row's images
+  held in memory (PIL images, as a ``datasets`` Image column gives them, or bytes) are written beside it, in
+  ``RUN/inputs/<name>-images/``, and image paths are made absolute;
 - a ``transformers`` model with its tokenizer is saved to ``RUN/inputs/model`` and named by its path;
 - a function (a reward, an environment factory, a tool) is named ``module:function`` when it can be imported
   again by that name, so every process finds it; a function defined in a notebook or a script's ``__main__`` is
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from grpoplus.core.registry import Registry, import_object
+from grpoplus.data.images import IMAGE_FIELD, stored_images
 
 INPUTS_DIR = "inputs"
 
@@ -32,6 +35,11 @@ def dataset_path(data, out: Path, name: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for i, row in enumerate(rows):
+            if row.get(IMAGE_FIELD) is not None:  # images held in memory become files beside the rows
+                try:
+                    row[IMAGE_FIELD] = stored_images(row[IMAGE_FIELD], path.parent / f"{name}-images", str(i))
+                except (ValueError, OSError) as err:
+                    raise ValueError(f"{name} row {i}: its images: {err}") from None
             try:
                 handle.write(json.dumps(row, default=_plain) + "\n")
             except TypeError as err:

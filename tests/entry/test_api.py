@@ -146,3 +146,47 @@ def test_rows_given_for_a_directory_that_holds_a_run_are_refused_before_its_inpu
     with pytest.raises(ValueError, match="already holds a run"):
         Trainer(nano_dir, train_dataset=ROWS[:3], out=str(out), max_steps=1, **SMALL)
     assert (out / "inputs" / "train.jsonl").read_text() == kept
+
+
+def test_rows_with_images_in_memory_are_written_beside_the_rows_and_trained_on(tmp_path):
+    # a list of dicts holding PIL images (what a datasets Image column gives), bytes, a datasets Image value and a
+    # path: the run keeps them as files and trains a vision-language policy on them
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from grpoplus.data.images import image_sources, load_image
+
+    def picture(seed):
+        return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (56, 56, 3), dtype=np.uint8))
+
+    def png(seed):
+        buffer = io.BytesIO()
+        picture(seed).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def spread(prompts, completions, **fields):
+        return [sum(map(ord, c)) % 7 / 7 for c in completions]
+
+    picture(3).save(tmp_path / "three.png")
+    shown = [picture(0), png(1), {"bytes": png(2), "path": None}, str(tmp_path / "three.png")]
+    rows = [{"prompt": f"how many? {k}", "answer": "1", "images": [image]} for k, image in enumerate(shown)]
+    out = tmp_path / "run"
+    result = Trainer("tiny-vlm", train_dataset=rows, reward_funcs=[spread], out=str(out), max_steps=1,
+                     **dict(SMALL, chat_template=True, micro_batch_size=4)).train()
+    assert result.metrics[0]["data/bad_rows"] == 0
+    written = [json.loads(line) for line in (out / "inputs" / "train.jsonl").read_text().splitlines()]
+    names = [row["images"][0] for row in written]
+    assert names[:3] == ["train-images/0-0.png", "train-images/1-0.img", "train-images/2-0.img"]
+    assert names[3] == str(tmp_path / "three.png")
+    for k, name in enumerate(names):
+        (source,) = image_sources([name], base=out / "inputs")
+        assert np.array_equal(np.asarray(load_image(source)), np.asarray(picture(k)))
+
+
+def test_a_row_whose_image_is_not_an_image_is_refused_when_the_trainer_is_made(tmp_path):
+    with pytest.raises(ValueError, match=r"^train row 1: its images: an image must be a path, bytes, a datasets Image "
+                                         r"value or a PIL image, got int$"):
+        Trainer("tiny-vlm", train_dataset=[{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "1", "images": [7]}],
+                out=str(tmp_path / "run"))
