@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from grpoplus.data.lengths import PromptFit, fit_prompts, prompt_limit
-from grpoplus.models.vision import image_counter
+from grpoplus.models.vision import image_counter, processor_of
 from grpoplus.plan.data import DataPlan
 
 if TYPE_CHECKING:
@@ -47,7 +47,19 @@ def build_data(data: DataPlan, tokenizer, seed: int, tasks: tuple | None = None,
     task, held_out = _splits(data, tokenizer, tasks or builtin_tasks(data, seed), rows)
     test = list(held_out.split("test"))
     train = task.split("train")
+    _check_images_shown(train, test, tokenizer, data.model)
     return task, _without_held_out(train, test), test
+
+
+def _check_images_shown(train: list, test: list, tokenizer, model: str | None) -> None:
+    """A row with images and a text policy (its tokenizer carries no processor): one line naming the row."""
+    from grpoplus.tasks.dataset import images_for_text_model
+
+    if processor_of(tokenizer) is not None:
+        return
+    shown = next((ex for ex in (*train, *test) if getattr(ex, "images", ())), None)
+    if shown is not None:
+        raise ValueError(images_for_text_model(shown.origin or "a row", len(shown.images), model))
 
 
 def _splits(data: DataPlan, tokenizer, tasks: tuple | None, rows: DataRows | None) -> tuple:

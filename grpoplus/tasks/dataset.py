@@ -98,11 +98,22 @@ def _example(record: dict, tokenizer, path: str) -> Example:
         return Example(apply_chat_template(tokenizer, fields["messages"], tools=fields["tools"]), record["answer"],
                        fields, origin)
     images = fields.get(IMAGE_FIELD) or ()
+    if images and tokenizer is None:  # rendered later (a multi-turn run's episodes), or as written (no template)
+        return Example(record["prompt"], record["answer"], fields, origin, images=tuple(images))
     if images:  # shown before the text, one placeholder each (the model's chat template renders them)
-        prompt = apply_chat_template(processor_of(tokenizer) or tokenizer, image_messages(record["prompt"], len(images)))
+        if processor_of(tokenizer) is None:
+            raise ValueError(images_for_text_model(origin, len(images)))
+        prompt = apply_chat_template(processor_of(tokenizer), image_messages(record["prompt"], len(images)))
         return Example(prompt, record["answer"], fields, origin, images=tuple(images))
     prompt = apply_chat_template(tokenizer, record["prompt"]) if tokenizer is not None else record["prompt"]
     return Example(prompt, record["answer"], fields, origin)
+
+
+def images_for_text_model(origin: str, count: int, model: str | None = None) -> str:
+    """The one line for a row with images given to a text policy."""
+    named = f"the policy ({model})" if model else "the policy"
+    return (f"{origin}: the row shows {count} image(s), and {named} is a text model (it comes with no image processor):"
+            " use a vision-language model (an image-text-to-text model directory, or tiny-vlm), or rows without images")
 
 
 def dataset_task(d, tokenizer, seed: int, rows: DataRows | None = None) -> DatasetTask:

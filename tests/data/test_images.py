@@ -118,3 +118,18 @@ def test_the_dry_run_counts_no_optimizer_state_for_the_frozen_vision_tower(vlm_d
         for extra in ([], ["learner.train_vision=true"]))
     assert frozen["gradients, fp32"] == (total - tower) * 4 and trained["gradients, fp32"] == total * 4
     assert frozen["weights, fp32 master"] == trained["weights, fp32 master"] == total * 4
+
+
+@pytest.mark.parametrize("extra", [[], ["env=guess"], ["data.chat_template=false"]])
+def test_rows_with_images_for_a_text_model_are_refused_in_one_line_naming_the_row(tmp_path, capsys, extra):
+    # a chat template (or none), a multi-turn run (whose episodes render the prompts), or prompts as written: the
+    # same line before anything loads a rollout engine
+    picture(0).save(tmp_path / "a.png")
+    rows = [{"prompt": "x?", "answer": "1"}, {"prompt": "y?", "answer": "1", "images": ["a.png"]}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "--model", "tiny-untrained", "--data", str(tmp_path / "rows.jsonl"), "--out",
+                 str(tmp_path / "run"), *SMALL, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"grpoplus train: error: {tmp_path / 'rows.jsonl'} line 2: the row shows 1 image(s), and the policy "
+                   f"{'(tiny-untrained) ' if extra else ''}is a text model (it comes with no image processor): use a "
+                   "vision-language model (an image-text-to-text model directory, or tiny-vlm), or rows without images")
