@@ -36,7 +36,7 @@ SAVED_SOFTMAX_BYTES = 256 << 20  # a head's whole [tokens, V] softmax is kept fo
 HEAD_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmo3", "phi3", "smollm3",
     "glm4", "glm4_moe", "deepseek_v3", "llama4_text", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid",
-    "lfm2"})
+    "lfm2", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "idefics3", "smolvlm", "gemma3"})
 """``config.model_type`` of the transformers causal LMs whose logits are exactly
 ``lm_head(model.model(...).last_hidden_state)``: no bias, scale or soft-cap after the head."""
 
@@ -187,20 +187,22 @@ def chunked_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def body_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       position_ids: torch.Tensor) -> torch.Tensor:
-    """The transformer body without the LM head: [n, L] ids -> [n, L, H] last hidden states.
+                       position_ids: torch.Tensor, extra: dict | None = None) -> torch.Tensor:
+    """The transformer body without the LM head: [n, L] ids -> [n, L, H] last hidden states (``extra``: a
+    vision-language model's inputs beyond the ids, :func:`grpoplus.models.vision.forward_inputs`).
 
     The one place the learner runs the body, so a context that must surround every
     learner forward (e.g. routing replay of a mixture-of-experts model) wraps this call.
     """
     return model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).last_hidden_state
+                       use_cache=False, **(extra or {})).last_hidden_state
 
 
 def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
-               share_prompts=False, packed: PackedRows | None = None):
+               share_prompts=False, packed: PackedRows | None = None, extra: dict | None = None):
     """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only (``packed``: the
-    rows' real tokens as one sequence, :mod:`~grpoplus.learner.packing`)."""
+    rows' real tokens as one sequence, :mod:`~grpoplus.learner.packing`; ``extra``: a vision-language model's
+    inputs beyond the ids, padded forwards only)."""
     t1 = tokens.shape[1]
     where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
     if packed is not None:
@@ -209,7 +211,7 @@ def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mas
         hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1,
                                       always=share_prompts == "always") if share_prompts else None
         if hidden is None:
-            hidden = body_hidden_states(model, input_ids, attention_mask, position_ids)[:, -t1 - 1:-1]  # [n, t1, H]
+            hidden = body_hidden_states(model, input_ids, attention_mask, position_ids, extra)[:, -t1 - 1:-1]  # [n, t1, H]
         hidden = hidden[where]  # [M, H]
     logp_m, entropy_m = ChunkedHeadLogProb.apply(hidden, head.weight, tokens[where], temperature, with_entropy,
                                                  routes(head))  # [M]
@@ -279,8 +281,8 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
         zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
     head, extra = chunked_head(model), None
-    if vision is not None:  # the model's own logits, with the rows' images and their positions (Qwen's three rows)
-        head, extra = None, forward_inputs(vision, prompt_mask[:, p0:], t1)
+    if vision is not None:  # with the rows' images and their positions (Qwen's three rows)
+        extra = forward_inputs(vision, prompt_mask[:, p0:], t1)
         position_ids = vision_positions(model, input_ids, attention_mask, extra)
     tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
     packed = pack_rows(input_ids, attention_mask, position_ids, mask.bool().nonzero(as_tuple=True),
@@ -294,7 +296,7 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
             if head is None:
                 return _logits_path(model, *args, packed=packed, extra=extra)
             return _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
-                              packed=packed)
+                              packed=packed, extra=extra)
 
     logp, entropy = forward() if packed is None else packed_forward(model, packed.attention, forward)
     pad = (0, T - t1)

@@ -180,3 +180,28 @@ def test_a_4bit_base_quantizes_the_language_model_and_keeps_the_vision_tower_as_
     logp, _ = response_logprobs_from_rollouts(policy, rollouts)
     sampled = rollouts.response_mask.bool()
     torch.testing.assert_close(logp[sampled], rollouts.logp_roll[sampled], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_chunked_head_scores_rows_with_images_as_the_models_own_logits(family):
+    # the learner's head path (the body with the images, then the LM head over response tokens only, chunk by chunk,
+    # never the [rows, tokens, vocabulary] logits) against the model's own logits: log-probs and gradients
+    from grpoplus.learner.logprobs import chunked_head
+
+    model, processor = tiny_vision_model(family)
+    rollouts = sample(model, processor, new_tokens=6)
+    assert chunked_head(model) is model.lm_head
+    out = []
+    for hooked in (False, True):
+        model.zero_grad(set_to_none=True)
+        handle = model.lm_head.register_forward_hook(lambda module, inputs, logits: logits) if hooked else None
+        logp, _ = response_logprobs_from_rollouts(model, rollouts)  # a hooked head takes the logits path
+        (logp * torch.linspace(-1.0, 2.0, logp.shape[1])).sum().backward()
+        out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        if handle is not None:
+            handle.remove()
+    (head_logp, head_grads), (own_logp, own_grads) = out
+    torch.testing.assert_close(head_logp, own_logp, atol=1e-5, rtol=0)
+    assert head_grads.keys() == own_grads.keys()
+    for name, grad in own_grads.items():
+        torch.testing.assert_close(head_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
