@@ -64,6 +64,33 @@ def summary(seeds: list[dict]) -> dict:
     return out
 
 
+def table(figures: dict) -> str:
+    """The page's table (docs/results/demo.md) from a record's figures: per step, the mean over the seeds and the
+    range in brackets."""
+    def shown(cell: dict, percent: bool) -> str:
+        if percent:
+            return f"{100 * cell['mean']:.1f}% ({100 * cell['min']:.1f}–{100 * cell['max']:.1f})"
+        return f"{cell['mean']:.1f} ({cell['min']:.1f}–{cell['max']:.1f})"
+
+    lines = ["| step | held-out accuracy (greedy) | sampled pass@1 | pass@4 | greedy response length |",
+             "|---:|---:|---:|---:|---:|"]
+    for step, row in figures["summary"].items():
+        lines.append(f"| {step} | {shown(row['greedy'], True)} | {shown(row['sampled'], True)} | "
+                     f"{shown(row['pass4'], True)} | {shown(row['length'], False)} |")
+    return "\n".join(lines)
+
+
+def seed_lines(figures: dict) -> list[str]:
+    """Each seed's line on the page: held-out accuracy at the first and last step, greedy length, and times."""
+    out = []
+    for s in figures["seeds"]:
+        first, last = s["curve"][min(s["curve"], key=int)], s["curve"][max(s["curve"], key=int)]
+        out.append(f"| {s['seed']} | {100 * first['greedy']:.1f}% -> {100 * last['greedy']:.1f}% "
+                   f"({100 * (last['greedy'] - first['greedy']):+.1f}) | {first['length']:.1f} -> {last['length']:.1f} | "
+                   f"{s['warm_start_s']} | {s['median_step_s']:.2f} | {s['wall_s'] / 60:.1f} |")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -52,3 +52,15 @@ def test_the_visual_tasks_table_is_its_records():
         sampled = f"{100 * row['sampled_before']:.1f}% -> {100 * row['sampled_after']:.1f}% " \
                   f"({row['sampled_gain_points']:+.1f})"
         assert f"| {row['seed']} | {greedy} | {sampled} | {row['sft_s']:.1f} | {row['rl_s']:.1f} |" in page, row["seed"]
+
+
+def test_the_demos_tables_are_its_record():
+    from demo import seed_lines, table
+
+    page = (ROOT / "docs" / "results" / "demo.md").read_text()
+    name = re.search(r"\*\*Record:\*\* \[`records/(demo-[\w-]+\.json)`\]", page).group(1)
+    record = json.loads((RECORDS / name).read_text())
+    assert record["commit"][:7] in page and record["date"][:10] in page and record["command"] in page
+    assert table(record["figures"]) in page
+    assert all(line in page for line in seed_lines(record["figures"]))
+    assert len(record["figures"]["seeds"]) == 3  # the page says three seeds
