@@ -40,7 +40,10 @@ def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tup
 def with_system(messages: list[dict], text: str) -> list[dict]:
     """``text`` as the system message (before an existing one's content)."""
     if messages and messages[0]["role"] == "system":
-        return [dict(messages[0], content=text + "\n\n" + messages[0]["content"])] + messages[1:]
+        content = messages[0]["content"]  # text, or a list of parts (a vision-language policy's messages)
+        content = [{"type": "text", "text": text + "\n\n"}, *content] if isinstance(content, list) else \
+            text + "\n\n" + content
+        return [dict(messages[0], content=content)] + messages[1:]
     return [{"role": "system", "content": text}] + messages
 
 
