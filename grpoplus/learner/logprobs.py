@@ -28,7 +28,7 @@ from grpoplus.learner.shared_prompt import shared_prompt_hidden
 from grpoplus.models.cpu_matmul import mm, routes
 from grpoplus.models.device import autocast_to
 from grpoplus.models.lora import compute_module
-from grpoplus.models.vision import forward_inputs, vision_positions
+from grpoplus.models.vision import forward_inputs, placeholder_ids, vision_positions
 
 CHUNK_ELEMENTS = 1 << 24  # float32 elements per chunk of the [tokens, V] softmax work (64 MiB)
 SAVED_SOFTMAX_BYTES = 256 << 20  # a head's whole [tokens, V] softmax is kept for its backward up to this size
@@ -199,17 +199,19 @@ def body_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attentio
 
 
 def _head_path(model, head, input_ids, attention_mask, position_ids, tokens, mask, temperature, with_entropy,
-               share_prompts=False, packed: PackedRows | None = None, extra: dict | None = None):
+               share_prompts=False, packed: PackedRows | None = None, extra: dict | None = None, prompt_inputs=None):
     """logp (and entropy) [n, t1] through the body and the chunked head, response tokens only (``packed``: the
     rows' real tokens as one sequence, :mod:`~grpoplus.learner.packing`; ``extra``: a vision-language model's
-    inputs beyond the ids, padded forwards only)."""
+    inputs beyond the ids, padded forwards only; ``prompt_inputs``: theirs for a shared prompt's pass,
+    :func:`~grpoplus.learner.shared_prompt.shared_prompt_hidden`)."""
     t1 = tokens.shape[1]
     where = mask.bool().nonzero(as_tuple=True)  # the M response tokens present
     if packed is not None:
         hidden = body_hidden_states(model, packed.input_ids, None, packed.position_ids)[0, packed.predict]  # [M, H]
     else:
         hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, input_ids.shape[1] - t1, t1,
-                                      always=share_prompts == "always") if share_prompts else None
+                                      always=share_prompts == "always", prompt_inputs=prompt_inputs) \
+            if share_prompts else None
         if hidden is None:
             hidden = body_hidden_states(model, input_ids, attention_mask, position_ids, extra)[:, -t1 - 1:-1]  # [n, t1, H]
         hidden = hidden[where]  # [M, H]
@@ -268,8 +270,12 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     model's own logits with their images; ``packed_attention``: the attention implementation of a packed forward
     (:func:`~grpoplus.learner.packing.packed_attention`; None: the model's own)."""
     n, T = response_ids.shape
-    if vision is not None:  # padded, every row whole: no packing or prompt sharing for images yet
-        packing, share_prompts = False, False
+    if vision is not None:  # padded (no packing with images yet); a response with images does not share its prompt
+        packing = False
+        # every row whole where a response shows an image (an observation's), and on sharded ranks ("always"), whose
+        # forwards must run the body as often whatever their rows
+        shown = torch.tensor(placeholder_ids(model.config), device=response_ids.device)
+        share_prompts = False if share_prompts == "always" or torch.isin(response_ids, shown).any() else share_prompts
     if packing == "auto":  # packed where that computes less (grpoplus.learner.packing.packing_pays)
         packing = packing_pays(model, prompt_ids, prompt_mask, response_mask, share_prompts if routing is None else False,
                                attention=packed_attention)
@@ -280,10 +286,13 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
     if t1 == 0:  # no response token at all: nothing to score
         zeros = response_mask.new_zeros(n, T, dtype=float_work_dtype(next(model.parameters()).dtype))
         return zeros, zeros.clone() if with_entropy else None
-    head, extra = chunked_head(model), None
+    head, extra, prompt_inputs = chunked_head(model), None, None
     if vision is not None:  # with the rows' images and their positions (Qwen's three rows)
         extra = forward_inputs(vision, prompt_mask[:, p0:], t1)
         position_ids = vision_positions(model, input_ids, attention_mask, extra)
+
+        def prompt_inputs(rows: torch.Tensor) -> dict:  # a shared prompt pass's: those rows' images and prompt columns
+            return forward_inputs([vision[i] for i in rows.tolist()], prompt_mask[rows, p0:], 0)
     tokens, mask = response_ids[:, :t1], response_mask[:, :t1]
     packed = pack_rows(input_ids, attention_mask, position_ids, mask.bool().nonzero(as_tuple=True),
                        input_ids.shape[1] - t1, packed_attention) if packing else None
@@ -296,7 +305,7 @@ def _forward_rows(model, prompt_ids, prompt_mask, response_ids, response_mask, t
             if head is None:
                 return _logits_path(model, *args, packed=packed, extra=extra)
             return _head_path(model, head, *args, share_prompts=share_prompts if routing is None else False,
-                              packed=packed, extra=extra)
+                              packed=packed, extra=extra, prompt_inputs=prompt_inputs)
 
     logp, entropy = forward() if packed is None else packed_forward(model, packed.attention, forward)
     pad = (0, T - t1)
@@ -345,7 +354,8 @@ def logprobs_of(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
         packed_attention: the attention implementation a packed forward runs under (None: the model's own;
             ``flex_attention``: :func:`grpoplus.learner.packing.packed_attention`).
         vision: a vision-language model's rows: [N] :class:`~grpoplus.models.vision.VisionInputs` (``Rollouts.vision``),
-            their images in every forward (padded; no prompt sharing or packing yet).
+            their images in every forward (padded, no packing yet; a group's prompt and images computed once where
+            ``share_prompts`` applies, except where a response shows an image).
 
     Returns:
         ``(logp [N, T], entropy [N, T] or None)``, float32 (float64 for a float64 model).

@@ -29,8 +29,8 @@ from grpoplus.models.kv_cache import cache_kwargs
 
 
 def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         position_ids: torch.Tensor, prompt_len: int, t1: int, always: bool = False
-                         ) -> torch.Tensor | None:
+                         position_ids: torch.Tensor, prompt_len: int, t1: int, always: bool = False,
+                         prompt_inputs=None) -> torch.Tensor | None:
     """Last hidden states at the positions that predict the response tokens, prompts computed once.
 
     Args:
@@ -39,6 +39,10 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
             (left-padded prompts, then right-padded responses).
         prompt_len: the prompt columns; t1: the response columns (>= 1).
         always: both passes even when every row's prompt is its own (the same body passes whatever the rows).
+        prompt_inputs: a vision-language model's: ``prompt_inputs(rows)`` gives the prompt pass's inputs beyond the
+            ids for those rows (their images, per-token values over the prompt columns); ``position_ids`` may then
+            be Qwen's three rows ([3, n, L]). The response pass reads text only (a response with images does not
+            share its prompt: the caller's choice).
 
     Returns:
         [n, t1, H] hidden states at columns ``prompt_len - 1 .. prompt_len + t1 - 2``, or None when no
@@ -55,8 +59,9 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     first = torch.full((len(unique),), len(prompts), dtype=torch.long, device=inverse.device).scatter_reduce_(
         0, inverse, torch.arange(len(prompts), device=inverse.device), "amin")  # [u] a row holding each distinct prompt
     body = model.model
+    extra = prompt_inputs(first) if prompt_inputs is not None else {}
     head_in = body(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
-                   position_ids=position_ids[first, :prompt_len], **cache_kwargs(body, cache),
+                   position_ids=position_ids[..., first, :prompt_len], **cache_kwargs(body, cache), **extra,
                    use_cache=True).last_hidden_state[inverse, -1:]  # [n, 1, H]: predicts response token 0
     if t1 == 1:
         return head_in
@@ -64,7 +69,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     rows.layers = [_RowLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
     cols = slice(prompt_len, prompt_len + t1 - 1)
     rest = body(input_ids=input_ids[:, cols], attention_mask=attention_mask[:, :prompt_len + t1 - 1],
-                position_ids=position_ids[:, cols], **cache_kwargs(body, rows), use_cache=True).last_hidden_state
+                position_ids=position_ids[..., cols], **cache_kwargs(body, rows), use_cache=True).last_hidden_state
     return torch.cat([head_in, rest], 1)  # [n, t1, H]
 
 

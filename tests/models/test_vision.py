@@ -205,3 +205,37 @@ def test_the_chunked_head_scores_rows_with_images_as_the_models_own_logits(famil
     assert head_grads.keys() == own_grads.keys()
     for name, grad in own_grads.items():
         torch.testing.assert_close(head_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _vision_module(model) -> torch.nn.Module:
+    from grpoplus.models.vision import VISION_PARTS
+
+    return next(m for name, m in model.named_modules() if name.rpartition(".")[2] in VISION_PARTS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_groups_prompt_and_its_images_are_computed_once_with_the_same_numbers(family):
+    # learner.share_prompts: each distinct prompt (its images too) through the body once, every response against its
+    # keys and values; where the model's cache cannot be shared (sliding windows, linear attention) every row whole
+    from grpoplus.learner.logprobs import response_logprobs
+
+    model, processor = tiny_vision_model(family)
+    rollouts = sample(model, processor, new_tokens=6)  # 3 prompts x 3 rows
+    seen = []
+    _vision_module(model).register_forward_hook(lambda module, args, out: seen.append(
+        sum(a.shape[0] * (a.shape[1] if a.dim() == 5 else 1) for a in args if torch.is_tensor(a))))
+    out = []
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        seen.clear()
+        logp, _ = response_logprobs(model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.response_ids,
+                                    rollouts.response_mask, vision=rollouts.vision, share_prompts=share)
+        (logp * torch.linspace(-1.0, 2.0, logp.shape[1])).sum().backward()
+        out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                    sum(seen)))
+    (whole, whole_grads, whole_images), (shared, shared_grads, shared_images) = out
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=0)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    cache_shared = family not in ("gemma3", "qwen3_5")  # sliding windows; linear attention
+    assert (shared_images * 3 == whole_images) if cache_shared else (shared_images == whole_images)
