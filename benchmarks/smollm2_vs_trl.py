@@ -15,6 +15,7 @@ so peak resident memory (``ru_maxrss``) is the side's own::
         release_memory=eager >> runs.jsonl   # like TRL's default: activation checkpointing on
     python benchmarks/smollm2_vs_trl.py grpoplus --model $M --steps 4 lora_rank=16 >> runs.jsonl
     python benchmarks/smollm2_vs_trl.py summary runs.jsonl   # calls grouped by side and overrides
+    python benchmarks/smollm2_vs_trl.py compare --model $M --rounds 2 --record   # all of it, alternated, as a record
 
 Alternate the calls (trl, grpoplus, grpoplus lora, trl, ...) so that both sides see the same
 machine. Each call prints one JSON line: the median seconds per step after ``--warmup``
@@ -221,9 +222,76 @@ def summary(path: str) -> None:
             "peak_rss_ratio": round(other["peak_rss_mb"] / base["peak_rss_mb"], 2)}}))
 
 
+COMPARED = (("trl", []), ("grpoplus", []), ("grpoplus", ["gradient_checkpointing=true", "release_memory=eager"]),
+            ("grpoplus", ["lora_rank=16"]))
+"""What ``compare`` alternates: TRL at its defaults, grpoplus at its defaults, with checkpointing like TRL's, and
+with LoRA."""
+
+
+def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None) -> None:
+    """Every side of :data:`COMPARED` in its own process, alternated ``rounds`` times; each call's line, then per
+    side the calls' medians and the steps/s and peak-memory ratios against the TRL call of the same round."""
+    import subprocess
+
+    calls = []
+    for round_ in range(rounds):
+        for side, overrides in COMPARED:
+            done = subprocess.run([sys.executable, __file__, side, "--model", model, "--steps", str(steps),
+                                   "--warmup", str(warmup), *overrides], capture_output=True, text=True)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"')]
+            if done.returncode or not lines:
+                raise SystemExit(f"{side} {' '.join(overrides)} failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
+            calls.append({**json.loads(lines[-1]), "round": round_, "overrides": " ".join(overrides)})
+            print(json.dumps(calls[-1]), flush=True)
+    sides = []
+    for side, overrides in COMPARED:
+        mine = [c for c in calls if c["side"] == side and c["overrides"] == " ".join(overrides)]
+        trl = {c["round"]: c for c in calls if c["side"] == "trl"}
+        sides.append({"side": " ".join([side, *overrides]), "s_per_step": [c["median_s_per_step"] for c in mine],
+                      "peak_gb": [round(c["peak_rss_mb"] / 1000, 2) for c in mine],
+                      "steps_per_s_vs_trl": [round(trl[c["round"]]["median_s_per_step"] / c["median_s_per_step"], 2)
+                                             for c in mine],
+                      "peak_vs_trl": [round(c["peak_rss_mb"] / trl[c["round"]]["peak_rss_mb"], 2) for c in mine]})
+    figures = {"steps": steps, "warmup": warmup, "rounds": rounds, "trl": _version("trl"),
+               "cpu_matmul": sorted({str(c.get("cpu_matmul_onednn")) for c in calls if c["side"] == "grpoplus"}),
+               "sides": sides, "calls": calls}
+    print(json.dumps({"sides": sides}))
+    if record is not None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from records import write_record
+
+        print(json.dumps({"record": str(write_record("smollm2_vs_trl", figures, record or None))}))
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def vs_trl_table(figures: dict) -> str:
+    """The results page's table from a ``compare`` record: per side, each round's figures."""
+    def each(values, fmt: str) -> str:
+        return ", ".join(format(v, fmt) for v in values)
+
+    lines = ["| side | s/step per call | steps/s vs TRL (per round) | peak RSS (GB) | vs TRL (per round) |",
+             "|---|---|---|---|---|"]
+    for row in figures["sides"]:
+        lines.append(f"| {row['side']} | {each(row['s_per_step'], '.2f')} | {each(row['steps_per_s_vs_trl'], '.2f')}x | "
+                     f"{each(row['peak_gb'], '.2f')} | {each(row['peak_vs_trl'], '.2f')}x |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary"])
+    parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary", "compare"])
+    parser.add_argument("--rounds", type=int, default=2, help="compare: alternations of every side")
+    parser.add_argument("--record", nargs="?", const="", default=None,
+                        help="compare: store a record (command, figures, machine, commit, date) in this folder "
+                             "(default docs/results/records)")
     parser.add_argument("path", nargs="?", help="summary: the JSONL of the calls")
     parser.add_argument("--model", default="/tmp/smollm2-hf", help="a Hugging Face dir of SmolLM2-135M-Instruct")
     parser.add_argument("--steps", type=int, default=4)
@@ -231,6 +299,8 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.which == "summary":
         return summary(args.path)
+    if args.which == "compare":
+        return compare(args.model, args.steps, args.warmup, args.rounds, args.record)
     if args.which == "save":
         from grpoplus.models.load import load_policy
 
