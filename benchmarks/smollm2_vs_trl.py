@@ -274,14 +274,14 @@ def _version(package: str) -> str | None:
 
 def vs_trl_table(figures: dict) -> str:
     """The results page's table from a ``compare`` record: per side, each round's figures."""
-    def each(values, fmt: str) -> str:
-        return ", ".join(format(v, fmt) for v in values)
+    def each(values, fmt: str, unit: str = "") -> str:
+        return ", ".join(format(v, fmt) + unit for v in values)
 
     lines = ["| side | s/step per call | steps/s vs TRL (per round) | peak RSS (GB) | vs TRL (per round) |",
              "|---|---|---|---|---|"]
     for row in figures["sides"]:
-        lines.append(f"| {row['side']} | {each(row['s_per_step'], '.2f')} | {each(row['steps_per_s_vs_trl'], '.2f')}x | "
-                     f"{each(row['peak_gb'], '.2f')} | {each(row['peak_vs_trl'], '.2f')}x |")
+        lines.append(f"| {row['side']} | {each(row['s_per_step'], '.2f')} | {each(row['steps_per_s_vs_trl'], '.2f', 'x')} | "
+                     f"{each(row['peak_gb'], '.2f')} | {each(row['peak_vs_trl'], '.2f', 'x')} |")
     return "\n".join(lines)
 
 

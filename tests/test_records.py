@@ -64,3 +64,14 @@ def test_the_demos_tables_are_its_record():
     assert table(record["figures"]) in page
     assert all(line in page for line in seed_lines(record["figures"]))
     assert len(record["figures"]["seeds"]) == 3  # the page says three seeds
+
+
+def test_the_smollm2_side_by_side_table_is_its_record():
+    pytest.importorskip("torch")
+    from smollm2_vs_trl import vs_trl_table
+
+    page = (ROOT / "docs" / "results" / "vs-trl.md").read_text()
+    name = re.search(r"\*\*Record:\*\* \[`records/(smollm2_vs_trl-[\w-]+\.json)`\]", page).group(1)
+    record = json.loads((RECORDS / name).read_text())
+    assert record["commit"][:7] in page and record["date"][:10] in page
+    assert vs_trl_table(record["figures"]) in page
