@@ -7,9 +7,10 @@ head (576->49152: its forward in chunks of 341 rows, its backward over all rows 
 grpoplus/learner/logprobs.py computes them), the forward ``Y = X W^T`` and the backward's ``dX = dY W`` and
 ``dW = dY^T X`` at ``--rows`` tokens (768: the 16 responses of 48 tokens of benchmarks/smollm2_vs_trl.py), timed
 by torch (``X @ W.T``: MKL in the x86 wheels) and by :func:`grpoplus.models.cpu_matmul` (oneDNN), each the best of
-``--repeats`` rounds, the two alternated in one process. One JSON line per thread count: GFLOP/s of each product by
-each library, the layer-weighted totals (seconds for one forward and backward of 30 layers and the head), the CPU's
-vendor and flags, and the largest difference between the two products' results (float32 rounding).
+``--repeats`` rounds, the two alternated in one process. One JSON line per thread count: which library
+``learner.cpu_matmul=auto`` picks on this machine and why (``auto_why``), GFLOP/s of each product by each library,
+the layer-weighted totals (seconds for one forward and backward of 30 layers and the head), the CPU's vendor and
+flags, and the largest difference between the two products' results (float32 rounding).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def main() -> None:
         with torch.no_grad():  # as in a backward: cpu_matmul.mm routes only there
             record = measure(args.rows, args.repeats)
         print(json.dumps({"threads": threads, "rows": args.rows, "vendor": cpu_matmul.cpu_vendor(),
-                          "auto_uses_onednn": cpu_matmul.uses_onednn("auto"), "torch": torch.__version__,
+                          "auto_uses_onednn": cpu_matmul.uses_onednn("auto"),
+                          "auto_why": cpu_matmul.auto_choice(), "torch": torch.__version__,
                           "load_avg_1min": os.getloadavg()[0], "cpu_flags": cpu_flags(), **record}), flush=True)
 
 

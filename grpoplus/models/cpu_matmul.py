@@ -59,6 +59,17 @@ def uses_onednn(mode: str) -> bool:
     return mode == "onednn"
 
 
+def auto_choice() -> str:
+    """What ``learner.cpu_matmul=auto`` picks on this machine, and why, in one line."""
+    if not onednn_available():
+        return f"torch's BLAS: this torch {torch.__version__} has no oneDNN linear op"
+    if uses_onednn("auto"):
+        return ("oneDNN: an AMD x86 CPU, where torch's MKL runs generic AVX2 kernels and oneDNN was measured 2-2.5x "
+                "faster on the learner's float32 products")
+    return (f"torch's BLAS: a {cpu_vendor() or platform.machine()} CPU (oneDNN is picked on AMD x86 only, where it "
+            "was measured faster; learner.cpu_matmul=onednn forces it)")
+
+
 def use_cpu_matmul(mode: str) -> bool:
     """Route the float32 CPU products of the layers :func:`route` marked by ``mode`` from now on in this process (a
     run's process setup calls it); returns whether oneDNN is used."""

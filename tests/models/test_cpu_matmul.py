@@ -133,11 +133,15 @@ def test_auto_takes_onednn_on_amd_x86_only(monkeypatch):
     monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
     assert uses_onednn("auto") and uses_onednn("onednn") and not uses_onednn("torch")
+    assert cpu_matmul.auto_choice().startswith("oneDNN: an AMD x86 CPU")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "GenuineIntel")
     assert not uses_onednn("auto")
+    assert cpu_matmul.auto_choice().startswith("torch's BLAS: a GenuineIntel CPU (oneDNN is picked on AMD x86 only")
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "aarch64")
     assert not uses_onednn("auto")
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
+    assert cpu_matmul.auto_choice().startswith("torch's BLAS: this torch ")
 
 
 def test_a_mode_this_torch_cannot_run_is_refused_in_one_line(monkeypatch):
