@@ -38,7 +38,7 @@ from grpoplus.envs.adapters import adapt
 from grpoplus.envs.base import MalformedStep, as_step, check_observation, make
 from grpoplus.envs.calls import InFlight, Outcome, awaited, run_all
 from grpoplus.envs.drift import drifted
-from grpoplus.envs.render import first_prompt_ids, is_tool_result, messages, observation_ids
+from grpoplus.envs.render import first_prompt_ids, is_tool_result, messages, observation_ids, text_of
 from grpoplus.envs.trajectory import Trajectory, Turn, to_rollouts
 from grpoplus.envs.vision_turns import (
     context_inputs,
@@ -184,16 +184,14 @@ def _start(tokenizer, factory, rows: list[dict], limits: EpisodeLimits, chat: bo
         tools = getattr(env, "tool_schemas", None)
         opening = messages(r.value) if r.ok else []
         shown = row.get("images") if not opening else None
-        if not opening and chat:  # the row's prompt as the first user message, showing the row's images
-            opening = row_opening(row["prompt"], tuple(shown)) if shown and isinstance(row["prompt"], str) else \
-                messages(row["prompt"])
-            shown = None if isinstance(row["prompt"], str) else shown
+        if not opening and chat:  # the row's prompt as the opening messages, showing the row's images
+            opening, shown = (row_opening(row["prompt"], tuple(shown)) if shown else messages(row["prompt"])), None
         episode = Episode(env, [], opening=opening or None, tools=tools)
         try:
             episode.prompt, episode.vision = _prompt(tokenizer, row, opening, tools, shown)
         except ValueError as err:  # an image that does not decode, or one a text policy was shown
             r = Outcome(error=MalformedStep(str(err)))
-            episode.prompt = tokenizer(row["prompt"])["input_ids"]
+            episode.prompt = tokenizer(text_of(row["prompt"]))["input_ids"]
         if not r.ok:
             episode.reason = _failure(r, "reset", warned)
         episodes.append(episode)

@@ -45,7 +45,7 @@ def content_text(content: str | list) -> str:
 
 def image_parts(obs: Observation) -> list:
     """The image sources an observation shows (``{"type": "image", "image": source}`` parts), in order."""
-    return [part["image"] for m in messages(obs) if isinstance(m.get("content"), list)
+    return [part.get("image") for m in messages(obs) if isinstance(m.get("content"), list)
             for part in m["content"] if part.get("type") == "image"]
 
 

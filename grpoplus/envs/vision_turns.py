@@ -55,10 +55,17 @@ def vision_opening(processor, opening: list[dict], tools: list[dict] | None) -> 
     return ids.tolist(), shown
 
 
-def row_opening(prompt: str, sources: tuple) -> list[dict]:
-    """A data row's prompt text with its images as the opening user message: the images, then the text (as a
-    single-turn prompt shows them, :func:`grpoplus.data.images.image_messages`)."""
-    return [{"role": "user", "content": [{"type": "image", "image": s} for s in sources] + [{"type": "text", "text": prompt}]}]
+def row_opening(prompt: str | list[dict], sources: tuple) -> list[dict]:
+    """A data row's prompt with its images as the opening messages: a text becomes one user message showing the
+    images, then the text (as a single-turn prompt shows them, :func:`grpoplus.data.images.image_messages`); chat
+    messages keep their own ``{"type": "image"}`` entries, which take the row's images in order."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": [{"type": "image", "image": s} for s in sources]
+                 + [{"type": "text", "text": prompt}]}]
+    left = iter(sources)
+    return [dict(m, content=[dict(p, image=next(left, None)) if p.get("type") == "image" and "image" not in p else p
+                             for p in m["content"]]) if isinstance(m.get("content"), list) else dict(m)
+            for m in prompt]
 
 
 def vision_row_prompt(processor, prompt: str, sources: tuple) -> tuple[list[int], VisionInputs]:

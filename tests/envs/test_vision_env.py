@@ -214,3 +214,27 @@ def test_a_tool_that_returns_a_picture_shows_it_to_a_vision_language_policy():
     placeholders = placeholder_ids(model.config)
     assert sum(i in placeholders for i in prompt) == 4 and sum(i in placeholders for i in ids) == 2  # 56x56, 56 high x 28 wide
     assert seen.images["image_grid_thw"].tolist() == [[1, 4, 2]] and int(seen.tokens["mm_token_type_ids"].sum()) == 2
+
+
+@pytest.mark.parametrize("prompt", ["count?", [{"role": "user", "content": [{"type": "image"},
+                                                                               {"type": "text", "text": "count?"}]}]])
+def test_a_rows_images_open_its_trajectory_from_a_text_or_chat_prompt(prompt):
+    # a data row's images (an environment whose reset gives no opening): before a text prompt, or in the image
+    # entries of a chat prompt, in order
+    class Once:
+        def reset(self, **row):
+            return None
+
+        def step(self, action):
+            return None, 1.0, True, {}
+
+    model, processor = tiny_vision_model("qwen2_5_vl")
+    engine = HFEngine(short_turns(model, processor), processor)
+    rollouts, metrics = run_episodes(engine, with_processor(processor.tokenizer, processor), lambda **row: Once(),
+                                     [{"prompt": prompt, "answer": "1", "images": (picture(3),)}],
+                                     SamplingParams(n=2, max_new_tokens=6), EpisodeLimits(max_turns=2, max_context=400),
+                                     generator=torch.Generator().manual_seed(0))
+    assert metrics["env/ended/malformed"] == 0
+    assert all(v.images["image_grid_thw"].tolist() == [[1, 4, 4]] for v in rollouts.vision)  # one 56x56 picture
+    placeholders = torch.tensor(placeholder_ids(model.config))
+    assert (torch.isin(rollouts.prompt_ids, placeholders).sum(1) == 4).all()
