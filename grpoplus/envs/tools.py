@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from grpoplus.core.registry import Registry, import_object
 from grpoplus.envs.base import StepResult
+from grpoplus.envs.vision_turns import row_opening
 from grpoplus.rewards.tool_calls import CALL, parse_call
 
 RESERVED = {"reset", "step", "close", "get_reward"}  # a tool class's methods that are not tools
@@ -98,8 +99,7 @@ class ToolEnv:
         prompt = row["prompt"] + (f"\n\n{extra}" if extra else "")
         images = row.get("images") or ()  # a row's images, shown before its text (a vision-language policy's)
         if images and isinstance(row["prompt"], str):
-            return [{"role": "user", "content": [{"type": "image", "image": i} for i in images]
-                     + [{"type": "text", "text": prompt}]}]
+            return row_opening(prompt, tuple(images))
         return [{"role": "user", "content": prompt}]
 
     def step(self, action: str) -> StepResult:
