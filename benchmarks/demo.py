@@ -91,6 +91,26 @@ def seed_lines(figures: dict) -> list[str]:
     return out
 
 
+def seed_table(figures: dict) -> str:
+    """The page's per-seed table: :func:`seed_lines` under their header."""
+    return "\n".join(["| seed | held-out accuracy (greedy), step 0 -> 300 | greedy length | warm start (s) | "
+                      "median step (s) | wall (min) |", "|---:|---:|---:|---:|---:|---:|", *seed_lines(figures)])
+
+
+def curves_plot(figures: dict) -> dict:
+    """Held-out greedy accuracy by step, one curve per seed (:mod:`plots`)."""
+    steps = [int(s) for s in figures["summary"]]
+    return {"kind": "lines", "title": "The main job: held-out accuracy (greedy) by RL step",
+            "x": steps, "xlabel": "step", "unit": "held-out accuracy (%)",
+            "series": {f"seed {s['seed']}": [round(100 * s["curve"][str(k)]["greedy"], 1) for k in steps]
+                       for s in figures["seeds"]}}
+
+
+VIEWS = {"table": table, "seeds": seed_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
+PLOTS = {"curves": curves_plot}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

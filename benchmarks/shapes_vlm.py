@@ -69,6 +69,35 @@ def seed_figures(seed: int, folder: Path, sft: list[str], rl_: list[str], warm_s
             "greedy_curve": greedy, "sampled_curve": sampled, "sft_s": round(sft_s, 1), "rl_s": round(rl_s, 1)}
 
 
+def seed_table(figures: dict) -> str:
+    """The results page's table (docs/results/vision.md): per seed, greedy and sampled accuracy before and after
+    RL, and each stage's seconds."""
+    def moved(row: dict, which: str) -> str:
+        return (f"{100 * row[which + '_before']:.1f}% -> {100 * row[which + '_after']:.1f}% "
+                f"({row[which + '_gain_points']:+.1f})")
+
+    lines = ["| seed | greedy: before RL -> after | sampled: before RL -> after | warm start s | RL s |",
+             "|---:|---|---|---:|---:|"]
+    lines += [f"| {r['seed']} | {moved(r, 'greedy')} | {moved(r, 'sampled')} | {r['sft_s']:.1f} | {r['rl_s']:.1f} |"
+              for r in figures["seeds"]]
+    return "\n".join(lines)
+
+
+def curves_plot(figures: dict) -> dict:
+    """Held-out accuracy by RL step, greedy and sampled, per seed (:mod:`plots`)."""
+    steps = [step for step, _ in figures["seeds"][0]["greedy_curve"]]
+    series = {f"seed {r['seed']} {which}": [round(100 * acc, 1) for _, acc in r[f"{which}_curve"]]
+              for r in figures["seeds"] for which in ("greedy", "sampled")}
+    return {"kind": "lines", "title": "shapes on tiny-vlm: held-out accuracy by RL step", "x": steps,
+            "xlabel": "RL step", "unit": "held-out accuracy (%)", "series": series,
+            "color": {name: k // 2 for k, name in enumerate(series)}, "dashed": [n for n in series if "sampled" in n]}
+
+
+VIEWS = {"table": seed_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
+PLOTS = {"curves": curves_plot}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -285,6 +285,40 @@ def vs_trl_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def speed_plot(figures: dict) -> dict:
+    """Steps/s of each side against TRL's in the same round, the median over the rounds (:mod:`plots`)."""
+    return {"kind": "bars", "title": "SmolLM2-135M GRPO step on a CPU: steps/s against TRL's", "unit": "x TRL",
+            "labels": [row["side"] for row in figures["sides"]], "line": 1.0,
+            "series": {"steps/s vs TRL": [_median(row["steps_per_s_vs_trl"]) for row in figures["sides"]],
+                       "peak memory vs TRL": [_median(row["peak_vs_trl"]) for row in figures["sides"]]}}
+
+
+def step_plot(figures: dict) -> dict:
+    """Each side's median step split into rollout, learner and the rest (TRL's learner is not timed apart from the
+    rest of its step)."""
+    parts = {"rollout": [], "learner": [], "other": []}
+    labels = []
+    for row in figures["sides"]:
+        calls = [c for c in figures["calls"] if " ".join(filter(None, (c["side"], c["overrides"]))) == row["side"]]
+        step, rollout = _median([c["median_s_per_step"] for c in calls]), _median([c["rollout_s_median"] for c in calls])
+        learner = _median([c["learner_s_median"] for c in calls]) if "learner_s_median" in calls[0] else 0.0
+        labels.append(row["side"] if learner else f"{row['side']} (learner and other together)")
+        parts["rollout"].append(rollout)
+        parts["learner"].append(learner)
+        parts["other"].append(round(max(0.0, step - rollout - learner), 2))
+    return {"kind": "stacked", "title": "SmolLM2-135M GRPO step on a CPU: where the time goes", "labels": labels,
+            "unit": "seconds per step (median)", "series": parts}
+
+
+VIEWS = {"table": vs_trl_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
+PLOTS = {"speed": speed_plot, "step": step_plot}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary", "compare"])

@@ -16,6 +16,10 @@ A hand-written page can also embed generated tables with an HTML comment (invisi
 ``<!-- optional-packages -->`` (``grpoplus.core.packages.OPTIONAL_PACKAGES``) and ``<!-- selftest-checks -->``
 (``grpoplus.selftest.CHECKS``: each check of ``grpoplus selftest`` and what it proves).
 
+The results pages' tables, stamps and plots between ``<!-- record: NAME VIEW -->`` and ``<!-- /record -->`` are
+rendered from their stored records (``docs/results/records/``) by ``benchmarks/render.py``, and the plots drawn
+afresh over the stored SVGs.
+
 The pages are added in ``on_files`` as generated files (``File.generated``, MkDocs >= 1.6): nothing
 is written into ``docs/``. Tests import this module to compare the pages with the registries.
 """
@@ -345,15 +349,38 @@ def selftest_table() -> str:
     return "\n".join(rows)
 
 
+def results_renderer():
+    """``benchmarks/render.py``: the results' tables, stamps and plots drawn from their stored records."""
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    return importlib.import_module("render")
+
+
 def on_files(files, config):
     from mkdocs.structure.files import File
 
     for path, make in PAGES.items():
         files.append(File.generated(config, path, content=make()))
+    render = results_renderer()
+    from plots import draw
+
+    for name, plot in render.plots_named():  # every plot drawn afresh from its record, over the stored SVG
+        uri = render.plot_path(name, plot).relative_to(render.ROOT / "docs").as_posix()
+        if files.get_file_from_path(uri) is not None:
+            files.remove(files.get_file_from_path(uri))
+        files.append(File.generated(config, uri, content=draw(render.plot_spec(name, plot))))
     return files
 
 
 def on_page_markdown(markdown, page, config, files):
+    from pathlib import Path
+
+    if page.file.abs_src_path:  # the results' blocks rendered from their records (benchmarks/render.py)
+        markdown = results_renderer().render_text(markdown, Path(page.file.abs_src_path))
     markdown = PACKAGES_COMMENT.sub(lambda m: packages_table(), markdown)
     markdown = SELFTEST_COMMENT.sub(lambda m: selftest_table(), markdown)
     return KEYS_COMMENT.sub(lambda m: key_table(m.group(1).split()), markdown)
