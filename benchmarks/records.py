@@ -46,6 +46,16 @@ def versions() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def package_version(name: str) -> str | None:
+    """An installed package's version, None where it is not installed (TRL and vLLM are optional)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def commit() -> str:
     """HEAD's id, ``+dirty`` when the working tree differed from it; ``unknown`` outside a git checkout."""
     try:

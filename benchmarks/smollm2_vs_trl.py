@@ -243,6 +243,9 @@ def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None
                 raise SystemExit(f"{side} {' '.join(overrides)} failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
             calls.append({**json.loads(lines[-1]), "round": round_, "overrides": " ".join(overrides)})
             print(json.dumps(calls[-1]), flush=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from records import package_version
+
     sides = []
     for side, overrides in COMPARED:
         mine = [c for c in calls if c["side"] == side and c["overrides"] == " ".join(overrides)]
@@ -252,7 +255,7 @@ def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None
                       "steps_per_s_vs_trl": [round(trl[c["round"]]["median_s_per_step"] / c["median_s_per_step"], 2)
                                              for c in mine],
                       "peak_vs_trl": [round(c["peak_rss_mb"] / trl[c["round"]]["peak_rss_mb"], 2) for c in mine]})
-    figures = {"steps": steps, "warmup": warmup, "rounds": rounds, "trl": _version("trl"),
+    figures = {"steps": steps, "warmup": warmup, "rounds": rounds, "trl": package_version("trl"),
                "cpu_matmul": sorted({str(c.get("cpu_matmul_onednn")) for c in calls if c["side"] == "grpoplus"}),
                "sides": sides, "calls": calls}
     print(json.dumps({"sides": sides}))
@@ -261,15 +264,6 @@ def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None
         from records import write_record
 
         print(json.dumps({"record": str(write_record("smollm2_vs_trl", figures, record or None))}))
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
 
 
 def vs_trl_table(figures: dict) -> str:
