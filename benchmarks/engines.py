@@ -29,6 +29,7 @@ from grpoplus.algo import mismatch_metrics
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
 from grpoplus.models.load import load_policy
 from grpoplus.rollout import ENGINES, EngineOptions, SamplingParams
+from grpoplus.sft.warmstart import load_builtin
 from grpoplus.tasks import get_task
 
 CONTENDERS = (("hf", "none"), ("vllm", "none"), ("hf", "int8"), ("hf", "bf16_rounded"))
@@ -102,7 +103,7 @@ def main() -> None:
                         help="store a record (command, figures, machine, commit, date) in this folder "
                              "(default docs/results/records)")
     args = parser.parse_args()
-    model, tokenizer = load_policy(None if args.model == "tiny" else args.model, task="arithmetic")
+    model, tokenizer = load_builtin(None, "arithmetic") if args.model == "tiny" else load_policy(args.model)
     model.eval()
     prompts = prompts_for(args.model, tokenizer, args.prompts)
     params = SamplingParams(n=args.group, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
