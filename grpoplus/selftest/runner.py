@@ -34,6 +34,9 @@ class CheckSkipped(Exception):
 STAGES = ("process", "rank", "trainer")
 """The order checks run in: one process's pieces first, then one rank of a process group, then whole runs."""
 
+ENVIRONMENT = "environment"
+"""The name of the report's first result: whether the device can run the checks at all. It is not a check."""
+
 
 @dataclass(frozen=True)
 class Check:
@@ -51,6 +54,8 @@ def check(name: str, stage: str, what: str) -> Callable:
     """Register ``fn(ctx) -> figures`` as the check ``name`` of ``stage``."""
     if stage not in STAGES:
         raise ValueError(f"selftest stage {stage!r} is not one of {', '.join(STAGES)}")
+    if name == ENVIRONMENT:
+        raise ValueError(f"selftest check name {name!r} is the report's environment line: choose another")
 
     def register(fn):
         if any(c.name == name for c in CHECKS):
@@ -97,14 +102,25 @@ class Report:
 
     @property
     def failed(self) -> list[Result]:
+        """Every failed result, the environment's included (the exit code follows it)."""
         return [r for r in self.results if r.status == "fail"]
 
+    @property
+    def checks(self) -> list[Result]:
+        """The checks' results: every result but the environment's."""
+        return [r for r in self.results if r.name != ENVIRONMENT]
+
     def summary(self) -> str:
-        counts = {s: sum(r.status == s for r in self.results) for s in ("pass", "fail", "skip")}
-        took = sum(r.seconds for r in self.results)
-        names = f": {', '.join(r.name for r in self.failed)}" if self.failed else ""
+        """One line counting the checks (not the environment line); names the failed ones."""
+        checks = self.checks
+        counts = {s: sum(r.status == s for r in checks) for s in ("pass", "fail", "skip")}
+        took = sum(r.seconds for r in checks)
+        failed = [r.name for r in checks if r.status == "fail"]
+        names = f": {', '.join(failed)}" if failed else ""
+        env_failed = any(r.name == ENVIRONMENT for r in self.failed)
         return (f"selftest on {self.environment.get('device_name', self.environment['device'])}: "
-                f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in {took:.0f} s{names}")
+                f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in {took:.0f} s{names}"
+                f"{'; the environment failed, so no check ran' if env_failed else ''}")
 
     def to_json(self) -> dict:
         return {"environment": self.environment, "results": [asdict(r) for r in self.results],
@@ -119,7 +135,7 @@ def run_checks(device: str, only: list[str] | None = None, out: Path | None = No
     env = environment(device)
     problem = device_problem(device)
     echo(_environment_line(env, problem))
-    results = [Result("environment", "fail" if problem else "pass", 0.0, problem or "", figures={})]
+    results = [Result(ENVIRONMENT, "fail" if problem else "pass", 0.0, problem or "", figures={})]
     with tempfile.TemporaryDirectory(prefix="grpoplus-selftest-") as scratch:
         for item in chosen:
             if problem is not None:

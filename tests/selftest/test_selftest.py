@@ -2,12 +2,13 @@
 check does not stop the others; the report is written as JSON; the exit code says whether a check failed."""
 
 import json
+import re
 
 import pytest
 import torch
 
 from grpoplus.entry.cli import main
-from grpoplus.selftest import CHECKS, fixtures
+from grpoplus.selftest import CHECKS, fixtures, runner
 from grpoplus.selftest.runner import Check, CheckFailed, CheckSkipped, run_checks
 
 FAST = "engine_logprobs,engine_logprobs_bf16,chunked_head,bf16_update,lora,fsdp2_one_rank,cpu_offload,ddp_one_rank"
@@ -82,7 +83,10 @@ def test_every_kind_of_failure_is_one_line_and_the_run_goes_on(tmp_path):
     assert messages["missing"] == ("LoRA adapters needs the peft package, which is not installed: "
                                    "pip install -e '.[lora]'")
     assert all("\n" not in line for line in lines) and len(lines) == len(checks) + 2  # environment, checks, summary
-    assert lines[-1].endswith("4 failed, 1 skipped in 0 s: oom, crash, missing, property")
+    # the summary counts the 6 checks that ran (1 + 4 + 1), not the environment line printed before them
+    counts = re.search(r": (\d+) passed, (\d+) failed, (\d+) skipped in ", lines[-1]).groups()
+    assert sum(int(n) for n in counts) == len(checks)
+    assert lines[-1].endswith(": 1 passed, 4 failed, 1 skipped in 0 s: oom, crash, missing, property")
     assert json.loads((tmp_path / "selftest.json").read_text())["summary"] == lines[-1]
 
 
@@ -92,6 +96,7 @@ def test_cuda_without_cuda_fails_the_environment_in_one_line_and_runs_nothing(ca
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("FAIL environment  --device cuda: torch ") and "use --device cpu" in out[0]
     assert out[1].startswith("SKIP chunked_head") and "not run: cuda cannot run it" in out[1]
+    assert out[-1].endswith(": 0 passed, 0 failed, 2 skipped in 0 s; the environment failed, so no check ran")
 
 
 def test_a_gpu_without_bf16_fails_the_bf16_checks_and_says_why(monkeypatch, one_thread):
@@ -121,6 +126,11 @@ def test_an_unknown_check_and_a_bad_device_are_refused(capsys):
     assert "unknown selftest check(s) nope; choose from: engine_logprobs" in capsys.readouterr().err
     assert main(["selftest", "--device", "tpu", "--only", "chunked_head"]) == 1
     assert "--device tpu: choose cuda, cuda:N or cpu" in capsys.readouterr().out
+
+
+def test_no_check_can_take_the_environment_lines_name():
+    with pytest.raises(ValueError, match="'environment' is the report's environment line"):
+        runner.check("environment", "process", "")(lambda ctx: {})
 
 
 def test_the_checks_run_in_stage_order():
