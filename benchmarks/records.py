@@ -4,6 +4,12 @@ date, as one JSON file in ``docs/results/records/`` (what a results page quotes,
     from records import write_record
     write_record("activation_memory", figures, args.record)   # -> docs/results/records/activation_memory-....json
 
+A benchmark without ``--record`` of its own is recorded by running it through this module: every JSON value each
+command printed, per command, becomes the figures::
+
+    python benchmarks/records.py sharded_memory "python benchmarks/sharded_memory.py --model M --strategy replicate" \
+        "python benchmarks/sharded_memory.py --model M --strategy fsdp2"
+
 The machine is the CPU's vendor, model and vector flags (AVX-512 BF16 and AMX change the speed figures), or the GPU's
 name and memory where one ran; the commit is ``git rev-parse HEAD`` with ``+dirty`` when the tree had changes.
 """
@@ -86,3 +92,55 @@ def _in_checkout(script: str) -> str:
     """The script's path as run from the checkout's root (``benchmarks/x.py``), whatever folder it was run from."""
     path = Path(script).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else script
+
+
+def printed_values(text: str) -> list:
+    """Every JSON value a command printed at the start of a line (one line each, or indented over several)."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while (at := text.find("{", at)) >= 0:
+        if at and text[at - 1] != "\n":
+            at += 1
+            continue
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            at += 1
+            continue
+        found.append(value)
+        at = end
+    return found
+
+
+def run_recorded(benchmark: str, commands: list[str], folder: Path | str | None = None) -> Path:
+    """Run each command (one at a time, from the checkout's root, its output shown as it comes) and store what they
+    printed as one record: ``{"calls": [{"command": ..., "printed": [values]}]}``. A failed command stores nothing."""
+    import shlex
+
+    calls = []
+    for command in commands:
+        print(f"+ {command}", flush=True)
+        done = subprocess.Popen(shlex.split(command), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        lines = []
+        for line in done.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+        out = "".join(lines)
+        if done.wait():
+            raise SystemExit(f"{command!r} exited with {done.returncode}: no record stored")
+        calls.append({"command": command, "printed": printed_values(out)})
+    return write_record(benchmark, {"calls": calls}, folder)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run benchmark commands and store what they print as one record.")
+    parser.add_argument("benchmark", help="the record's name (the module in benchmarks/ whose VIEWS render it)")
+    parser.add_argument("commands", nargs="+", help="each command, quoted")
+    parser.add_argument("--folder", default=None, help="where the record goes (default docs/results/records)")
+    args = parser.parse_args()
+    print(json.dumps({"record": str(run_recorded(args.benchmark, args.commands, args.folder))}))
+
+
+if __name__ == "__main__":
+    main()

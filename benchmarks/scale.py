@@ -14,6 +14,9 @@ recorded around each. Printed as JSON lines, then a summary:
     python benchmarks/scale.py --steps 100 --eval-size 200 --parts staleness
     python benchmarks/scale.py --extra cluster=ray rollout.workers=2    # the same on a local Ray instance
 
+``python benchmarks/records.py scale "python benchmarks/scale.py ..."`` stores what it prints as a record, which
+``docs/results/scaling.md`` renders (:data:`VIEWS`).
+
 On a shared or small machine the sampler thread and the learner compete for the same cores:
 quote the load with the figures, and re-run on a quiet machine with more cores to see the overlap.
 """
@@ -94,6 +97,37 @@ def data_parallel(args, root: Path) -> dict:
     t1, t2 = out["data_parallel=1"]["learner_s_per_step"], out["data_parallel=2"]["learner_s_per_step"]
     out["scaling_efficiency"] = round(t1 / (2 * t2), 3)
     return out
+
+
+def _printed(figures: dict, part: str) -> list[dict]:
+    return [v for call in figures["calls"] for v in call["printed"] if v.get("part") == part]
+
+
+def staleness_table(figures: dict) -> str:
+    """The results page's staleness table from a record of this benchmark (:func:`records.run_recorded`)."""
+    rows = _printed(figures, "staleness")
+    base = rows[0]["steps_per_s"]
+    lines = [f"| setting | steps/s | vs synchronous | held-out accuracy at {rows[0]['equal_wall_time_s']} s | "
+             "final accuracy | mean staleness | learner busy | load before / after |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| `{r['run']}` | {r['steps_per_s']:.2f} | {r['steps_per_s'] / base:.2f}x | "
+              f"{r['accuracy_at_equal_wall_time']:.3f} | {r['final_accuracy']:.3f} | {r['staleness_mean']:.2f} | "
+              f"{r['learner_busy_frac']:.2f} | {r['load_before_after'][0]:.2f} / {r['load_before_after'][1]:.2f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def data_parallel_table(figures: dict) -> str:
+    """The results page's learner-scaling table from a record of this benchmark."""
+    rows = _printed(figures, "data_parallel")
+    t1 = rows[0]["learner_s_per_step"]
+    lines = ["| learner ranks | learner s/step (median) | scaling efficiency `t1 / (n tn)` |", "|---|---:|---:|"]
+    lines += [f"| `{r['run']}` | {r['learner_s_per_step']:.3f} | "
+              f"{t1 / (int(r['run'].split('=')[1]) * r['learner_s_per_step']):.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
+VIEWS = {"staleness": staleness_table, "data_parallel": data_parallel_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 def main() -> None:

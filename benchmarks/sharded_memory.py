@@ -14,7 +14,13 @@ reference of ``beta > 0`` (``reference_mb``)::
     python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy fsdp2
     python benchmarks/sharded_memory.py --model /tmp/smollm2-hf --strategy fsdp2 precision=bf16_mixed
 
-One JSON line per rank, then a summary line with the largest rank's figures.
+One JSON line per rank, then a summary line with the largest rank's figures. The three calls above, stored as one
+record that ``docs/results/scaling.md`` renders (:data:`VIEWS`)::
+
+    python benchmarks/records.py sharded_memory \
+        "python benchmarks/sharded_memory.py --model M --strategy replicate" \
+        "python benchmarks/sharded_memory.py --model M --strategy fsdp2" \
+        "python benchmarks/sharded_memory.py --model M --strategy fsdp2 precision=bf16_mixed"
 """
 
 from __future__ import annotations
@@ -88,6 +94,28 @@ def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Q
     record["model_state_mb"] = record["params_mb"] + record["grads_mb"] + record["adam_mb"]
     out.put(record)
     group.close()
+
+
+def strategies_table(figures: dict) -> str:
+    """The results page's table from a record of several calls (:func:`records.run_recorded`): per call, each part
+    of the largest rank's model state, against the first call's, and every rank's peak RSS."""
+    lines = ["| strategy | parameters | gradients | AdamW moments | model state per rank | vs the first row | "
+             "rank 0's plain copy | peak RSS per rank |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    first = None
+    for call in figures["calls"]:
+        ranks = [v for v in call["printed"] if "rank" in v]
+        top, summary = max(ranks, key=lambda r: r["model_state_mb"]), call["printed"][-1]
+        first = first or top["model_state_mb"]
+        name = " ".join([f"`{summary['summary']}`", *(f"`{o}`" for o in summary["overrides"])])
+        mirror = f"{ranks[0]['mirror_mb']:.0f} MB" if ranks[0]["mirror_mb"] else "-"
+        rss = " / ".join(f"{r['peak_rss_mb'] / 1024:.2f}" for r in sorted(ranks, key=lambda r: r["rank"]))
+        lines.append(f"| {name} | {top['params_mb']:.0f} MB | {top['grads_mb']:.0f} MB | {top['adam_mb']:.0f} MB | "
+                     f"{top['model_state_mb']:.0f} MB | {top['model_state_mb'] / first:.2f}x | {mirror} | {rss} GB |")
+    return "\n".join(lines)
+
+
+VIEWS = {"table": strategies_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 def main() -> None:
