@@ -98,7 +98,8 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
             f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0",
             "prompts_per_step=4", "group_size=8", "max_new_tokens=8", "lr=1e-4", "eval_every=0", "save_every=0",
             "eval_size=1", "eval_samples=0", "progress=false", "loggers=[]", "doctor_every=0",
-            f"threads={threads}", "warmup_steps=0"])
+            f"threads={threads}", "warmup_steps=0",
+            "health.stop_after=0"])  # the untrained peer model's rewards never differ: time the steps anyway
         records = [r for r in train(cfg) if warmup < r["step"] < steps]
     return {"peer": "grpoplus", "completions_per_step": 32, "max_new_tokens": 8, "threads": threads,
             "steps_measured": len(records), "median_s_per_step": _median(records, "time/step_s")}

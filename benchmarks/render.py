@@ -62,17 +62,21 @@ def machine_text(record: dict) -> str:
     return ", ".join([where, *shown])
 
 
-def _where(record: dict) -> str:
-    return record["machine"].get("gpu") or record["machine"]["cpu_vendor"]
+def command(record: dict) -> str:
+    """The command that made a record, the folder it was stored in left out (``--record``, ``--folder``)."""
+    return re.sub(r" --folder \S+| (--record)(?: (?!-)\S+)?", lambda m: f" {m[1]}" if m[1] else "", record["command"])
+
+
+def _kind(record: dict) -> tuple:
+    """What makes two records the same measurement: the benchmark, its command, and the kind of machine (the GPU
+    model, or the CPU vendor)."""
+    return record["benchmark"], command(record), record["machine"].get("gpu") or record["machine"]["cpu_vendor"]
 
 
 def newer(name: str, folder: Path = RECORDS) -> str | None:
-    """The newest record of the same benchmark on the same kind of machine (GPU model, or CPU vendor) stored after
-    ``name``, if any."""
-    record = load(name, folder)
-    later = [p.stem for p in folder.glob(f"{record['benchmark']}-*.json") if p.stem > name
-             and json.loads(p.read_text()).get("benchmark") == record["benchmark"]
-             and _where(json.loads(p.read_text())) == _where(record)]
+    """The newest record of the same measurement (:func:`_kind`) stored after ``name``, if any."""
+    kind = _kind(load(name, folder))
+    later = [p.stem for p in folder.glob("*.json") if p.stem > name and _kind(json.loads(p.read_text())) == kind]
     return max(later) if later else None
 
 
@@ -81,7 +85,7 @@ def stamp(name: str, link: str, folder: Path = RECORDS) -> str:
     record = load(name, folder)
     commit = f"`{record['commit'][:7]}`" + (" (with uncommitted changes)" if record["commit"].endswith("+dirty") else "")
     text = (f"> **Machine:** {machine_text(record)} · **Date:** {record['date'][:10]} · **Commit:** {commit} · "
-            f"**Record:** [`records/{name}.json`]({link}{name}.json), from `{record['command']}`")
+            f"**Record:** [`records/{name}.json`]({link}{name}.json), from `{command(record)}`")
     later = newer(name, folder)
     if later:
         text += (f" · **Newer record:** [`records/{later}.json`]({link}{later}.json), on the same kind of machine; "

@@ -107,3 +107,56 @@ def test_every_training_example_is_a_valid_command(page, command, tmp_path, monk
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = main([*shlex.split(command)[1:], "--dry-run"])
     assert code == 0, f"{page}: {command}\n{err.getvalue()[-600:]}"
+
+
+BENCHMARKS = [(where, command) for where, command in SHELL if re.match(r"python3? benchmarks/\w+\.py", command)]
+
+
+class _Parsed(Exception):
+    """Raised in place of running a benchmark, once its own parser accepted the command's arguments."""
+
+
+def test_the_docs_show_benchmark_commands():
+    assert len(BENCHMARKS) >= 20 and len({c.split()[1] for _, c in BENCHMARKS}) >= 10
+
+
+@pytest.mark.parametrize("where,command", BENCHMARKS, ids=[f"{w}:{c[7:60]}" for w, c in BENCHMARKS])
+def test_every_benchmark_command_parses_with_the_benchmarks_own_parser(where, command, monkeypatch):
+    """``python benchmarks/X.py ARGS``: X exists and its argparse parser takes ARGS (nothing runs)."""
+    import argparse
+    import sys
+
+    words = shlex.split(re.split(r"\s\d?>>?\s", command)[0])  # the output redirections left out
+    script = ROOT / words[1]
+    assert script.exists(), f"{where}: {command}: no {words[1]}"
+    monkeypatch.syspath_prepend(str(script.parent))
+    spec = importlib.util.spec_from_file_location(f"_docs_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("parse_args", "parse_known_args"):
+        original = getattr(argparse.ArgumentParser, name)
+
+        def parsed(self, *args, _original=original, **kwargs):
+            if self.prog == script.name:  # the benchmark's own parser (prog is the script's name)
+                _original(self, *args, **kwargs)
+                raise _Parsed
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(argparse.ArgumentParser, name, parsed)
+    monkeypatch.setattr(sys, "argv", [str(script), *words[2:]])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(_Parsed):
+        try:
+            module.main()
+        except SystemExit as exit_:
+            pytest.fail(f"{where}: {command}\n{err.getvalue()[-600:]} (exit {exit_.code})")
+
+
+def test_every_extra_an_install_line_names_is_one_the_package_has():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = [(where, extra) for where, command in SHELL if "pip install" in command
+             for group in re.findall(r"\.\[([\w,-]+)\]", command) for extra in group.split(",")]
+    assert len(named) >= 5
+    assert [(where, extra) for where, extra in named if extra not in extras] == []

@@ -42,36 +42,114 @@ def test_a_written_record_holds_every_field(tmp_path):
     assert set(FIELDS) <= set(record) and record["figures"] == {"x": 1} and path.name.startswith("a_test-")
 
 
-def test_the_visual_tasks_table_is_its_records():
-    page = (ROOT / "docs" / "results" / "vision.md").read_text()
-    name = re.search(r"\*\*Record:\*\* \[`records/(shapes_vlm-[\w-]+\.json)`\]", page).group(1)
-    record = json.loads((RECORDS / name).read_text())
-    assert record["commit"][:7] in page and record["date"][:10] in page
-    for row in record["figures"]["seeds"]:
-        greedy = f"{100 * row['greedy_before']:.1f}% -> {100 * row['greedy_after']:.1f}% ({row['greedy_gain_points']:+.1f})"
-        sampled = f"{100 * row['sampled_before']:.1f}% -> {100 * row['sampled_after']:.1f}% " \
-                  f"({row['sampled_gain_points']:+.1f})"
-        assert f"| {row['seed']} | {greedy} | {sampled} | {row['sft_s']:.1f} | {row['rl_s']:.1f} |" in page, row["seed"]
+def test_every_block_and_plot_on_the_site_is_its_records_rendering():
+    """Every ``<!-- record: NAME VIEW -->`` block of README and docs/ is what ``benchmarks/render.py`` draws from the
+    record, and every stored plot was drawn from the record's current figures (``python benchmarks/render.py``
+    re-renders them)."""
+    import render
+
+    blocks = [m for page in render.pages() for m in render.BLOCK.finditer(page.read_text())]
+    assert {m["view"] for m in blocks} >= {"stamp", "table"} and len(blocks) >= 10
+    assert render.stale() == []
 
 
-def test_the_demos_tables_are_its_record():
-    from demo import seed_lines, table
+def test_a_figure_edited_by_hand_in_a_block_is_found_and_rendered_back(tmp_path):
+    import render
 
-    page = (ROOT / "docs" / "results" / "demo.md").read_text()
-    name = re.search(r"\*\*Record:\*\* \[`records/(demo-[\w-]+\.json)`\]", page).group(1)
-    record = json.loads((RECORDS / name).read_text())
-    assert record["commit"][:7] in page and record["date"][:10] in page and record["command"] in page
-    assert table(record["figures"]) in page
-    assert all(line in page for line in seed_lines(record["figures"]))
-    assert len(record["figures"]["seeds"]) == 3  # the page says three seeds
+    page = ROOT / "docs" / "results" / "demo.md"
+    text = page.read_text()
+    block = next(m[0] for m in render.BLOCK.finditer(text) if m["view"] == "table")
+    edited = block.replace("%", "0%", 1)
+    assert render.render_text(edited, page) == block != edited
 
 
-def test_the_smollm2_side_by_side_table_is_its_record():
-    pytest.importorskip("torch")
-    from smollm2_vs_trl import vs_trl_table
+def test_a_stamp_says_its_machine_commit_and_command_and_names_a_newer_record(tmp_path):
+    import render
 
-    page = (ROOT / "docs" / "results" / "vs-trl.md").read_text()
-    name = re.search(r"\*\*Record:\*\* \[`records/(smollm2_vs_trl-[\w-]+\.json)`\]", page).group(1)
-    record = json.loads((RECORDS / name).read_text())
-    assert record["commit"][:7] in page and record["date"][:10] in page
-    assert vs_trl_table(record["figures"]) in page
+    older = json.loads((RECORDS / "demo-20261129-0533-amd.json").read_text())
+    (tmp_path / "demo-20261129-0533-amd.json").write_text(json.dumps(older))
+    stamp = render.stamp("demo-20261129-0533-amd", "records/", tmp_path)
+    assert stamp.startswith("> **Machine:** 2-core AMD EPYC (") and f"`{older['commit'][:7]}`" in stamp
+    assert older["command"] in stamp and "Newer record" not in stamp
+    other = dict(older, command=older["command"].replace("--seeds 0 1 2", "--seeds 3"))
+    (tmp_path / "demo-20261130-0000-amd.json").write_text(json.dumps(other))
+    assert "Newer record" not in render.stamp("demo-20261129-0533-amd", "records/", tmp_path)  # another measurement
+    intel = dict(older, machine=dict(older["machine"], cpu_vendor="intel"))
+    (tmp_path / "demo-20261201-0000-intel.json").write_text(json.dumps(intel))
+    assert "Newer record" not in render.stamp("demo-20261129-0533-amd", "records/", tmp_path)  # another machine
+    (tmp_path / "demo-20261201-0000-amd.json").write_text(json.dumps(dict(older, command=older["command"].replace("--record", "--record /tmp/x"))))
+    assert "**Newer record:** [`records/demo-20261201-0000-amd.json`]" in render.stamp("demo-20261129-0533-amd",
+                                                                                        "records/", tmp_path)
+
+
+def test_a_block_naming_a_missing_record_or_view_says_so_in_one_line(tmp_path):
+    import render
+
+    page = ROOT / "docs" / "results" / "demo.md"
+    with pytest.raises(SystemExit, match="no record .*demo-19990101.* is not stored"):
+        render.render_text("<!-- record: demo-19990101-0000-amd table -->\n<!-- /record -->", page)
+    with pytest.raises(SystemExit, match=r"benchmarks/demo.py has no VIEWS\['tabel'\].*known: \['seeds', 'table'\]"):
+        render.render_text("<!-- record: demo-20261129-0533-amd tabel -->\n<!-- /record -->", page)
+
+
+def test_a_stored_plot_carries_the_digest_of_what_it_draws(tmp_path):
+    from plots import digest, draw, stored_digest
+
+    spec = {"kind": "bars", "title": "t", "labels": ["a", "b"], "series": {"s": [1.0, 2.0]}, "unit": "x", "line": 1.0}
+    (tmp_path / "p.svg").write_bytes(draw(spec))
+    assert stored_digest(tmp_path / "p.svg") == digest(spec) != digest(dict(spec, series={"s": [1.0, 2.5]}))
+    assert stored_digest(tmp_path / "missing.svg") is None
+
+
+def test_printed_json_values_become_a_records_figures(tmp_path, monkeypatch):
+    import records
+
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "bench.py"
+    script.write_text("import json\nprint('warming up')\nprint(json.dumps({'a': 1}))\n"
+                      "print(json.dumps({'summary': {'b': 2}}, indent=1))\n")
+    path = records.run_recorded("a_test", [f"{sys.executable} {script}"], tmp_path)
+    assert json.loads(path.read_text())["figures"] == {
+        "calls": [{"command": f"{sys.executable} {script}", "printed": [{"a": 1}, {"summary": {"b": 2}}]}]}
+    (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
+    with pytest.raises(SystemExit, match="exited with 3: no record stored"):
+        records.run_recorded("a_test", [f"{sys.executable} {tmp_path / 'fails.py'}"], tmp_path)
+
+
+UNRECORDED = {
+}
+"""The results tables still typed by hand, by (page, section heading): measured before the records existed, each
+under a stamp saying what was not recorded. Re-running a benchmark with a record and rendering the section takes it
+off this list, which only shrinks."""
+
+
+def figure_tables(text: str) -> list[tuple[str, bool]]:
+    """(section heading, inside a record block) of every Markdown table of ``text`` whose rows hold a figure."""
+    import render
+
+    blocks = [(m.start(), m.end()) for m in render.BLOCK.finditer(text)]
+    found, heading, offset, start, rows = [], "", 0, None, []
+    for line in [*text.split("\n"), ""]:
+        if line.startswith("|"):
+            start, rows = (offset if start is None else start), [*rows, line]
+        elif start is not None:
+            if len(rows) > 2 and rows[1].startswith("|-") and any(re.search(r"\d", r) for r in rows[2:]):
+                found.append((heading, any(a <= start < b for a, b in blocks)))
+            start, rows = None, []
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        offset += len(line) + 1
+    return found
+
+
+def test_every_results_table_is_rendered_from_a_record_or_listed_as_typed_by_hand():
+    typed = {(page.name, heading) for page in sorted((ROOT / "docs" / "results").glob("*.md"))
+             for heading, rendered in figure_tables(page.read_text()) if not rendered}
+    assert typed - set(UNRECORDED) == set(), "a results table typed by hand: render it from a record"
+    assert set(UNRECORDED) - typed == set(), "rendered from a record now: take it off UNRECORDED"
+
+
+def test_a_table_outside_a_block_is_found():
+    text = "## A\n\n| x | s/step |\n|---|---:|\n| a | 0.5 |\n\n## B\n\n<!-- record: r table -->\n| x |\n|---|\n| 1 |\n" \
+           "<!-- /record -->\n\n| name |\n|---|\n| no figure |\n"
+    assert figure_tables(text) == [("A", False), ("B", True)]
