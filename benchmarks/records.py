@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def commit() -> str:
 def write_record(benchmark: str, figures, folder: Path | str | None = None, device: str = "cpu") -> Path:
     """Write one record of ``figures`` (what the benchmark printed) and return its path."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    record = {"benchmark": benchmark, "command": " ".join(["python", _in_checkout(sys.argv[0]), *sys.argv[1:]]),
+    record = {"benchmark": benchmark, "command": shlex.join(["python", _in_checkout(sys.argv[0]), *sys.argv[1:]]),
               "figures": figures,
               "machine": machine(device), "versions": versions(), "commit": commit(),
               "date": now.strftime("%Y-%m-%d %H:%M UTC")}
@@ -114,8 +115,6 @@ def printed_values(text: str) -> list:
 def run_recorded(benchmark: str, commands: list[str], folder: Path | str | None = None) -> Path:
     """Run each command (one at a time, from the checkout's root, its output shown as it comes) and store what they
     printed as one record: ``{"calls": [{"command": ..., "printed": [values]}]}``. A failed command stores nothing."""
-    import shlex
-
     calls = []
     for command in commands:
         print(f"+ {command}", flush=True)
