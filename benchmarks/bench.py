@@ -95,7 +95,7 @@ def grpoplus_peer(steps: int, warmup: int, threads: int) -> dict:
         peer_model(tok).save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
         cfg = build_config("grpo", overrides=[
-            f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0",
+            f"out={tmp}/run", f"model={model_dir}", f"max_steps={steps}", "beta=0", "num_minibatches=1",
             "prompts_per_step=4", "group_size=8", "max_new_tokens=8", "lr=1e-4", "eval_every=0", "save_every=0",
             "eval_size=1", "eval_samples=0", "progress=false", "loggers=[]", "doctor_every=0",
             f"threads={threads}", "warmup_steps=0",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -211,6 +212,11 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
     code = code or int(not all(saved.values()))
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \
         if records.is_file() else (1, 0.0, "no benchmark call ran")
+    if records.is_file():  # the calls as a stored record (docs/results/records/ once copied back), with the device
+        from records import write_record
+
+        calls = [json.loads(line) for line in records.read_text().splitlines()]
+        notes.append(f"- record: {write_record('gpu_vs_trl', {'calls': calls}, out / 'records', device=device).name}")
     return code or rc, ["```", text.strip(), "```", *notes]
 
 
