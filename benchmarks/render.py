@@ -93,12 +93,23 @@ def stamp(name: str, link: str, folder: Path = RECORDS) -> str:
     return text
 
 
+def module_of(benchmark: str) -> str:
+    """The module in ``benchmarks/`` that made a record: its benchmark's name, or the longest ``_``-prefix of it that
+    names one (``bench_vs_trl``: ``bench.py``'s ``vs-trl``)."""
+    parts = benchmark.split("_")
+    for end in range(len(parts), 0, -1):
+        if (HERE / f"{'_'.join(parts[:end])}.py").exists():
+            return "_".join(parts[:end])
+    raise SystemExit(f"no benchmarks/{benchmark}.py: a record's benchmark names the module that made it")
+
+
 def view(benchmark: str, name: str):
-    """The function ``VIEWS[name]`` (or ``PLOTS[name]``) of ``benchmarks/<benchmark>.py``."""
+    """The function ``VIEWS[name]`` (or ``PLOTS[name]``) of the module that made the record."""
     table, key = ("PLOTS", name[5:]) if name.startswith("plot:") else ("VIEWS", name)
-    known = getattr(importlib.import_module(benchmark), table, {})
+    module = module_of(benchmark)
+    known = getattr(importlib.import_module(module), table, {})
     if key not in known:
-        raise SystemExit(f"benchmarks/{benchmark}.py has no {table}[{key!r}]: a page asks for a view its benchmark "
+        raise SystemExit(f"benchmarks/{module}.py has no {table}[{key!r}]: a page asks for a view its benchmark "
                          f"does not render (known: {sorted(known)})")
     return known[key]
 

@@ -121,36 +121,57 @@ def test_the_docs_show_benchmark_commands():
     assert len(BENCHMARKS) >= 20 and len({c.split()[1] for _, c in BENCHMARKS}) >= 10
 
 
-@pytest.mark.parametrize("where,command", BENCHMARKS, ids=[f"{w}:{c[7:60]}" for w, c in BENCHMARKS])
-def test_every_benchmark_command_parses_with_the_benchmarks_own_parser(where, command, monkeypatch):
-    """``python benchmarks/X.py ARGS``: X exists and its argparse parser takes ARGS (nothing runs)."""
+def _benchmark_parse_error(command: str, monkeypatch) -> str | None:
+    """None when ``python benchmarks/X.py ARGS``'s X exists and its argparse parser takes ARGS (nothing runs), else
+    what is wrong."""
     import argparse
     import sys
 
     words = shlex.split(re.split(r"\s\d?>>?\s", command)[0])  # the output redirections left out
     script = ROOT / words[1]
-    assert script.exists(), f"{where}: {command}: no {words[1]}"
+    if not script.exists():
+        return f"no {words[1]}"
     monkeypatch.syspath_prepend(str(script.parent))
     spec = importlib.util.spec_from_file_location(f"_docs_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
     spec.loader.exec_module(module)
+    depth = [0]  # parse_args calls parse_known_args: only the outer call ends the benchmark
     for name in ("parse_args", "parse_known_args"):
         original = getattr(argparse.ArgumentParser, name)
 
         def parsed(self, *args, _original=original, **kwargs):
-            if self.prog == script.name:  # the benchmark's own parser (prog is the script's name)
-                _original(self, *args, **kwargs)
+            depth[0] += 1
+            try:
+                result = _original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if self.prog == script.name and depth[0] == 0:  # the benchmark's own parser (prog: the script's name)
                 raise _Parsed
-            return _original(self, *args, **kwargs)
+            return result
 
         monkeypatch.setattr(argparse.ArgumentParser, name, parsed)
     monkeypatch.setattr(sys, "argv", [str(script), *words[2:]])
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(_Parsed):
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             module.main()
+        except _Parsed:
+            return None
         except SystemExit as exit_:
-            pytest.fail(f"{where}: {command}\n{err.getvalue()[-600:]} (exit {exit_.code})")
+            return f"{err.getvalue()[-600:]} (exit {exit_.code})"
+    return "its main() returned without parsing its arguments"
+
+
+@pytest.mark.parametrize("where,command", BENCHMARKS, ids=[f"{w}:{c[7:60]}" for w, c in BENCHMARKS])
+def test_every_benchmark_command_parses_with_the_benchmarks_own_parser(where, command, monkeypatch):
+    assert _benchmark_parse_error(command, monkeypatch) is None, f"{where}: {command}"
+
+
+def test_a_wrong_benchmark_or_flag_fails_the_parse(monkeypatch):
+    assert "unrecognized arguments: --modle" in _benchmark_parse_error("python benchmarks/engines.py --modle tiny",
+                                                                        monkeypatch)
+    assert _benchmark_parse_error("python benchmarks/nope.py", monkeypatch) == "no benchmarks/nope.py"
 
 
 def test_every_extra_an_install_line_names_is_one_the_package_has():
@@ -161,3 +182,27 @@ def test_every_extra_an_install_line_names_is_one_the_package_has():
              for group in re.findall(r"\.\[([\w,-]+)\]", command) for extra in group.split(",")]
     assert len(named) >= 5
     assert [(where, extra) for where, extra in named if extra not in extras] == []
+
+
+def _json_blocks() -> list[tuple[str, str]]:
+    return [(f"{page.relative_to(ROOT)}:{page.read_text()[:block.start()].count(chr(10)) + 1}", block.group(1))
+            for page in PAGES for block in re.finditer(r"```json\n(.*?)```", page.read_text(), re.S)]
+
+
+JSON_BLOCKS = _json_blocks()
+
+
+@pytest.mark.parametrize("where,text", JSON_BLOCKS, ids=[w for w, _ in JSON_BLOCKS])
+def test_every_json_block_is_json(where, text):
+    """A ```json block (a data row, a printed record) is one or more JSON values, as a .jsonl file holds them."""
+    import json
+
+    decoder, at, values = json.JSONDecoder(), 0, 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        try:
+            _, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as err:
+            pytest.fail(f"{where}: not JSON: {err}")
+        values += 1
+    assert values >= 1
