@@ -96,15 +96,22 @@ def rank_main(rank: int, world: int, port: int, overrides: list[str], out: "mp.Q
     group.close()
 
 
+def _calls(figures: dict) -> list[tuple[list[dict], dict, dict]]:
+    """Per call of a record: its ranks' lines, the rank holding the most model state, and its summary line."""
+    out = []
+    for call in figures["calls"]:
+        ranks = [v for v in call["printed"] if "rank" in v]
+        out.append((ranks, max(ranks, key=lambda r: r["model_state_mb"]), call["printed"][-1]))
+    return out
+
+
 def strategies_table(figures: dict) -> str:
     """The results page's table from a record of several calls (:func:`records.run_recorded`): per call, each part
     of the largest rank's model state, against the first call's, and every rank's peak RSS."""
     lines = ["| strategy | parameters | gradients | AdamW moments | model state per rank | vs the first row | "
              "rank 0's plain copy | peak RSS per rank |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     first = None
-    for call in figures["calls"]:
-        ranks = [v for v in call["printed"] if "rank" in v]
-        top, summary = max(ranks, key=lambda r: r["model_state_mb"]), call["printed"][-1]
+    for ranks, top, summary in _calls(figures):
         first = first or top["model_state_mb"]
         name = " ".join([f"`{summary['summary']}`", *(f"`{o}`" for o in summary["overrides"])])
         mirror = f"{ranks[0]['mirror_mb']:.0f} MB" if ranks[0]["mirror_mb"] else "-"
@@ -114,8 +121,20 @@ def strategies_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def state_plot(figures: dict) -> dict:
+    """The largest rank's model state per call, split into parameters, gradients and AdamW moments (:mod:`plots`)."""
+    labels, parts = [], {"parameters": [], "gradients": [], "AdamW moments": []}
+    for _, top, summary in _calls(figures):
+        labels.append(" ".join([summary["summary"], *summary["overrides"]]))
+        for part, key in zip(parts, ("params_mb", "grads_mb", "adam_mb")):
+            parts[part].append(round(top[key], 1))
+    return {"kind": "stacked", "title": "SmolLM2-135M learner: model state per rank, 2 ranks", "labels": labels,
+            "unit": "MB per rank", "series": parts}
+
+
 VIEWS = {"table": strategies_table}
 """What a page renders from a record (``benchmarks/render.py``)."""
+PLOTS = {"state": state_plot}
 
 
 def main() -> None:
