@@ -213,10 +213,13 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \
         if records.is_file() else (1, 0.0, "no benchmark call ran")
     if records.is_file():  # the calls as a stored record (docs/results/records/ once copied back), with the device
+        from gpu_vs_trl import calls_table
         from records import write_record
 
         calls = [json.loads(line) for line in records.read_text().splitlines()]
-        notes.append(f"- record: {write_record('gpu_vs_trl', {'calls': calls}, out / 'records', device=device).name}")
+        notes.append(f"- record: {write_record('gpu_vs_trl', {'calls': calls}, out / 'records', device=device).name}"
+                     " (its table, as `docs/how-to/gpu.md` renders it:)")
+        notes += ["", calls_table({"calls": calls})]
     return code or rc, ["```", text.strip(), "```", *notes]
 
 

@@ -404,6 +404,29 @@ def summary(path: str) -> None:
             print(f"{'PASS' if ok else 'FAIL'}  {where}  {side}: {name}")
 
 
+def calls_table(figures: dict) -> str:
+    """A results page's table from the GPU check's record (``benchmarks/gpu_check.py`` stores one): every call of
+    each side, in the order they ran, with its steps/s against the TRL call of the same setting."""
+    calls = [c for c in figures["calls"] if "side" in c]
+    trl = {setting(c): c for c in calls if c["side"] == "trl"}
+    lines = ["| shape | side | micro-batch | s/step (median) | vs TRL | rollout s | learner s | learner MFU | "
+             "rollout / decode floor | launches per new token | peak memory |", "|---|---|---:|---:|---:|---:|---:|"
+             "---:|---:|---:|---:|"]
+    for c in calls:
+        peer = trl.get(setting(c))
+        ratio = f"{c['steps_per_s'] / peer['steps_per_s']:.2f}x" if peer else ""
+        launches = c.get("launches_per_new_token")
+        lines.append(f"| {c['shape']} | {' '.join(filter(None, (c['side'], c.get('overrides'))))} | {c['micro_batch']} | "
+                     f"{c['median_s_per_step']:.2f} | {ratio} | {c['rollout_s']:.2f} | {c['learner_s']:.2f} | "
+                     f"{c['learner_mfu']:.2f} | {c['rollout_vs_floor']:.2f} | {'' if launches is None else launches} | "
+                     f"{c['peak_mem_mb'] / 1024:.1f} GB |")
+    return "\n".join(lines)
+
+
+VIEWS = {"table": calls_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary"])
