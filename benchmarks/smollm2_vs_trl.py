@@ -308,7 +308,22 @@ def step_plot(figures: dict) -> dict:
             "unit": "seconds per step (median)", "series": parts}
 
 
-VIEWS = {"table": vs_trl_table}
+def parts_table(figures: dict) -> str:
+    """Each grpoplus call's step against the hardware's bounds: the rollout (its prefill apart) and the decode's
+    fraction of the weight-bandwidth floor, the learner's seconds, tokens and MFU (against the nominal 145 GFLOP/s and
+    against the matmul rate measured in the same process)."""
+    lines = ["| side | round | s/step | rollout s (prefill) | decode / bandwidth floor | learner s | learner tokens | "
+             "learner MFU (145 / now) | matmul GFLOP/s now (oneDNN) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in (c for c in figures["calls"] if c["side"] == "grpoplus"):
+        side = " ".join(filter(None, ("grpoplus", c["overrides"])))
+        lines.append(f"| {side} | {c['round'] + 1} | {c['median_s_per_step']:.2f} | {c['rollout_s_median']:.2f} "
+                     f"({c['prefill_s_median']:.2f}) | {c['decode_bw_fraction']:.2f} | {c['learner_s_median']:.2f} | "
+                     f"{c['learner_tokens']:,} | {c['learner_mfu']:.2f} / {c['learner_mfu_now']:.2f} | "
+                     f"{c['matmul_gflops_now']:.0f} ({c['onednn_matmul_gflops_now']:.0f}) |")
+    return "\n".join(lines)
+
+
+VIEWS = {"table": vs_trl_table, "parts": parts_table}
 """What a page renders from a record (``benchmarks/render.py``)."""
 PLOTS = {"speed": speed_plot, "step": step_plot}
 

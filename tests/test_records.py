@@ -138,7 +138,7 @@ UNRECORDED = {
     ("smollm2-speed.md", "Against TRL after the learner's CPU attention and head changes (2026-11-27, later)"): HISTORY,
     ("smollm2-speed.md", "Against TRL with the learner's products through oneDNN (2026-11-27, latest)"): HISTORY,
     ("smollm2-wordproblems.md", "SmolLM2-135M-Instruct learns wordproblems"): LONG,
-    ("vs-trl.md", "SmolLM2-135M against TRL, and LoRA against full fine-tuning"): HISTORY,
+    ("vs-trl.md", "History: earlier code and machines, no stored record"): HISTORY,
 }
 """The results tables still typed by hand, by (page, section heading): measured before the records existed, each
 under a stamp saying what was not recorded. Re-running a benchmark with a record and rendering the section takes it
