@@ -21,25 +21,18 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from train_runs import add_record_argument, parse_with_train_args, store, train
 
 
 def run_seed(seed: int, folder: Path, args: list[str], train_keys: list[str], window: int) -> dict:
     """One seed's run and its figures."""
     out, cache = folder / f"run-{seed}", folder / f"cache-{seed}"
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "grpoplus", "train", *args, "--out", str(out), "--seed", str(seed)],
-                          capture_output=True, text=True, env=dict(os.environ, GRPOPLUS_CACHE=str(cache)))
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"seed {seed} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows, stderr, wall = train([*args, "--seed", str(seed)], out, env=dict(os.environ, GRPOPLUS_CACHE=str(cache)))
     trained = [r for r in rows if r.get("step", 0) > 0 and "time/step_s" in r]
-    warm = re.search(r"warm start: done in (\d+) s", done.stderr)
+    warm = re.search(r"warm start: done in (\d+) s", stderr)
 
     def mean(part: list[dict], key: str) -> float | None:
         values = [r[key] for r in part if key in r]
@@ -121,26 +114,18 @@ def main() -> None:
                                                                      "last --window steps")
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--title", default=None, help="the plot's title (default: the task)")
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser)
     parser.add_argument("name", help="the record's name: seeds_NAME")
-    argv = sys.argv[1:]
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args, train = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: the arguments of grpoplus train
+    args, command = parse_with_train_args(parser)
     with tempfile.TemporaryDirectory() as tmp:
         seeds = []
         for seed in args.seeds:
-            seeds.append(run_seed(seed, Path(tmp), train, args.train_keys, args.window))
+            seeds.append(run_seed(seed, Path(tmp), command, args.train_keys, args.window))
             print(json.dumps(seeds[-1]), flush=True)
-    task = next((train[i + 1] for i, word in enumerate(train[:-1]) if word == "--task"), "the job")
-    figures = {"train": train, "show": [s.split("=", 1) for s in args.show], "train_keys": args.train_keys,
+    task = next((command[i + 1] for i, word in enumerate(command[:-1]) if word == "--task"), "the job")
+    figures = {"train": command, "show": [s.split("=", 1) for s in args.show], "train_keys": args.train_keys,
                "window": args.window, "title": args.title or task, "seeds": seeds}
-    if args.record is not None:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from records import write_record
-
-        print(json.dumps({"record": str(write_record(f"seeds_{args.name}", figures, args.record or None))}))
+    store(f"seeds_{args.name}", figures, args.record)
 
 
 if __name__ == "__main__":
