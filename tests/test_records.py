@@ -125,8 +125,6 @@ UNRECORDED = {
     ("lab.md", "Fidelity lab verdicts"): "grpoplus lab all: 8 experiments x 3 seeds, hours",
     ("lab.md", "distillation (measured 2026-11-27)"): LONG,
     ("moe.md", "The benchmark: does routing replay change token-level GRPO with several updates per batch?"): LONG,
-    ("multi-turn.md", "The built-in guess game"): "re-run with a record",
-    ("multi-turn.md", "A hybrid model on the guess game: tiny Qwen3.5"): "re-run with a record",
     ("multi-turn.md", "SmolLM2-135M-Instruct learns the calculator: a supervised warm start, then RL"): LONG,
     ("multi-turn.md", "A longer RL stage, measured on 128 problems"): LONG,
     ("multi-turn.md", "The same stage with a KL term to the warm start and one update per batch"): LONG,
