@@ -8,7 +8,7 @@ round, so a machine's drift hits them alike. Per call: the median over the steps
         --arm "no teacher=" --arm "opd=teacher=smollm2 lambda_opd=0.1" \\
         --arm "gkd=teacher=smollm2 distill_loss=reverse_kl" \\
         -- --preset grpo --model smollm2 --task wordproblems prompts_per_step=4 group_size=4 max_new_tokens=48 \\
-        micro_batch_size=8 max_steps=4 eval_every=0
+        micro_batch_size=8 max_steps=4 eval_every=0 eval_size=4 eval_samples=0
 
 ``docs/results/distillation.md`` renders its record (:data:`VIEWS`).
 """
