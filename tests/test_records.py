@@ -121,7 +121,6 @@ LONG = "runs of an hour or more on 2 cores: to re-run with a record when the mac
 HISTORY = "earlier code's figures on an earlier machine, kept as the page's history"
 UNRECORDED = {
     ("distillation.md", "Distillation"): LONG,
-    ("distillation.md", "Cost of a teacher on a real model"): "SmolLM2 teacher timings; re-run with a record",
     ("lab.md", "Fidelity lab verdicts"): "grpoplus lab all: 8 experiments x 3 seeds, hours",
     ("lab.md", "distillation (measured 2026-11-27)"): LONG,
     ("moe.md", "The benchmark: does routing replay change token-level GRPO with several updates per batch?"): LONG,
