@@ -416,7 +416,8 @@ def calls_table(figures: dict) -> str:
         peer = trl.get(setting(c))
         ratio = f"{c['steps_per_s'] / peer['steps_per_s']:.2f}x" if peer else ""
         launches = c.get("launches_per_new_token")
-        lines.append(f"| {c['shape']} | {' '.join(filter(None, (c['side'], c.get('overrides'))))} | {c['micro_batch']} | "
+        micro = c["micro_batch"] or f"auto ({c.get('micro_batch_tokens')} tokens)"  # 0: sized from memory
+        lines.append(f"| {c['shape']} | {' '.join(filter(None, (c['side'], c.get('overrides'))))} | {micro} | "
                      f"{c['median_s_per_step']:.2f} | {ratio} | {c['rollout_s']:.2f} | {c['learner_s']:.2f} | "
                      f"{c['learner_mfu']:.2f} | {c['rollout_vs_floor']:.2f} | {'' if launches is None else launches} | "
                      f"{c['peak_mem_mb'] / 1024:.1f} GB |")

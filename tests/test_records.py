@@ -172,3 +172,17 @@ def test_a_table_outside_a_block_is_found():
     text = "## A\n\n| x | s/step |\n|---|---:|\n| a | 0.5 |\n\n## B\n\n<!-- record: r table -->\n| x |\n|---|\n| 1 |\n" \
            "<!-- /record -->\n\n| name |\n|---|\n| no figure |\n"
     assert figure_tables(text) == [("A", False), ("B", True)]
+
+
+def test_the_gpu_checks_record_renders_each_call_against_trls_of_its_setting():
+    from gpu_vs_trl import calls_table
+
+    base = {"shape": "qwen2.5-1.5b", "precision": "bf16", "gradient_checkpointing": True, "prompts": 32, "group": 8,
+            "new_tokens": 256, "median_s_per_step": 14.0, "rollout_s": 12.0, "learner_s": 2.0, "learner_mfu": 0.34,
+            "rollout_vs_floor": 0.03, "peak_mem_mb": 38912.0}
+    calls = [dict(base, side="trl", micro_batch=256, steps_per_s=1 / 14.0),
+             dict(base, side="grpoplus", overrides="learner.micro_batch_size=auto", micro_batch=0,
+                  micro_batch_tokens=65536, steps_per_s=1 / 7.0, median_s_per_step=7.0)]
+    rows = calls_table({"calls": calls}).splitlines()[2:]
+    assert rows[0].startswith("| qwen2.5-1.5b | trl | 256 | 14.00 | 1.00x |") and rows[0].endswith("| 38.0 GB |")
+    assert "| grpoplus learner.micro_batch_size=auto | auto (65536 tokens) | 7.00 | 2.00x |" in rows[1]
