@@ -20,6 +20,7 @@ import argparse
 import json
 
 import torch
+from records import add_record_argument, store
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpoplus.learner.logprobs import logprobs_of
@@ -66,9 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser)
     args = parser.parse_args()
     records = [measure(name, args.device, precision) for name in args.shapes.split(",")
                for precision in ("fp32", "bf16_mixed")]
@@ -78,12 +77,7 @@ def main() -> None:
     summary = {"summary": "activation model / counted bytes per token", "device": args.device,
                "min_ratio": min(ratios), "max_ratio": max(ratios), "bounds": min(ratios) >= 1.0}
     print(json.dumps(summary))
-    if args.record is not None:
-        from records import write_record
-
-        path = write_record("activation_memory", {"rows": records, "summary": summary}, args.record or None,
-                            args.device)
-        print(json.dumps({"record": str(path)}))
+    store("activation_memory", {"rows": records, "summary": summary}, args.record, args.device)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from train_runs import add_record_argument, parse_with_train_args, store, train
+from records import add_record_argument, store
+from train_runs import parse_with_train_args, train
 
 KEYS = ("time/step_s", "time/learner_s")
 

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from records import add_record_argument, store
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -157,9 +159,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="vs-trl, health-overhead: alternating runs of each side")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="default: extra key=value config overrides")
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="default, vs-trl: store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser, "default, vs-trl")
     args = parser.parse_args()
     if args.which == "default":
         result = run_default(args.steps or 12, args.overrides)
@@ -170,12 +170,8 @@ def main() -> None:
     else:
         result = grpoplus_peer(args.steps or 20, args.warmup, args.threads)
     print(json.dumps(result))
-    if args.record is not None and args.which in ("default", "vs-trl"):
-        sys.path.insert(0, str(HERE))
-        from records import write_record
-
-        print(json.dumps({"record": str(write_record(f"bench_{args.which.replace('-', '_')}", result,
-                                                     args.record or None))}))
+    if args.which in ("default", "vs-trl"):
+        store(f"bench_{args.which.replace('-', '_')}", result, args.record)
 
 
 if __name__ == "__main__":

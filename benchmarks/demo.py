@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from records import add_record_argument, store
+from train_runs import cold_seed
 
 STEPS = (0, 50, 100, 200, 300)
 """The steps the page's table shows (the job evaluates every 25)."""
@@ -32,22 +30,13 @@ KEYS = {"greedy": "eval/accuracy", "sampled": "eval/accuracy_sampled", "pass1": 
 
 def run_seed(seed: int, folder: Path, extra: list[str]) -> dict:
     """One seed's main job, its figures."""
-    out, cache = folder / f"demo-{seed}", folder / f"cache-{seed}"
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "grpoplus", "train", "--preset", "dapo", "--task", "arithmetic",
-                           "--out", str(out), "--seed", str(seed), *extra], capture_output=True, text=True,
-                          env=dict(os.environ, GRPOPLUS_CACHE=str(cache)))
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"seed {seed} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows, warm, wall = cold_seed(["--preset", "dapo", "--task", "arithmetic", *extra], folder / f"demo-{seed}", seed)
     evals = {r["step"]: r for r in rows if KEYS["greedy"] in r}
-    warm = re.search(r"warm start: done in (\d+) s", done.stderr)
     steps = [r["time/step_s"] for r in rows if "time/step_s" in r]
     return {"seed": seed,
             "curve": {str(step): {name: round(evals[step][key], 4) for name, key in KEYS.items()}
                       for step in STEPS if step in evals},
-            "warm_start_s": int(warm.group(1)) if warm else None,
+            "warm_start_s": warm,
             "median_step_s": round(statistics.median(steps), 3) if steps else None,
             "wall_s": round(wall, 1)}
 
@@ -114,9 +103,7 @@ PLOTS = {"curves": curves_plot}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser)
     parser.add_argument("extra", nargs="*", help="config overrides passed to every run (e.g. max_steps=50)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,11 +113,7 @@ def main() -> None:
             print(json.dumps(seeds[-1]), flush=True)
     figures = {"seeds": seeds, "summary": summary(seeds)}
     print(json.dumps({"summary": figures["summary"]}))
-    if args.record is not None:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from records import write_record
-
-        print(json.dumps({"record": str(write_record("demo", figures, args.record or None))}))
+    store("demo", figures, args.record)
 
 
 if __name__ == "__main__":

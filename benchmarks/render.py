@@ -184,11 +184,10 @@ def write_all() -> list[Path]:
             page.write_text(done)
             changed.append(page)
     for name, plot in plots_named():
-        path = plot_path(name, plot)
-        before = path.read_bytes() if path.exists() else None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(draw(plot_spec(name, plot)))
-        if path.read_bytes() != before:
+        path, drawn = plot_path(name, plot), draw(plot_spec(name, plot))
+        if not path.exists() or path.read_bytes() != drawn:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(drawn)
             changed.append(path)
     return changed
 

@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import tempfile
 from pathlib import Path
 
-from train_runs import add_record_argument, parse_with_train_args, store, train
+from records import add_record_argument, store
+from train_runs import cold_seed, parse_with_train_args
 
 
 def run_seed(seed: int, folder: Path, args: list[str], train_keys: list[str], window: int) -> dict:
     """One seed's run and its figures."""
-    out, cache = folder / f"run-{seed}", folder / f"cache-{seed}"
-    rows, stderr, wall = train([*args, "--seed", str(seed)], out, env=dict(os.environ, GRPOPLUS_CACHE=str(cache)))
+    rows, warm, wall = cold_seed(args, folder / f"run-{seed}", seed)
     trained = [r for r in rows if r.get("step", 0) > 0 and "time/step_s" in r]
-    warm = re.search(r"warm start: done in (\d+) s", stderr)
 
     def mean(part: list[dict], key: str) -> float | None:
         values = [r[key] for r in part if key in r]
@@ -43,7 +40,7 @@ def run_seed(seed: int, folder: Path, args: list[str], train_keys: list[str], wi
                       for r in rows if any(k.startswith("eval/") for k in r)},
             "train_first": {k: mean(trained[:window], k) for k in train_keys},
             "train_last": {k: mean(trained[-window:], k) for k in train_keys},
-            "window": window, "warm_start_s": int(warm.group(1)) if warm else None,
+            "window": window, "warm_start_s": warm,
             "median_step_s": round(statistics.median(r["time/step_s"] for r in trained), 3) if trained else None,
             "rl_s": round(sum(r["time/step_s"] for r in trained), 1), "wall_s": round(wall, 1)}
 

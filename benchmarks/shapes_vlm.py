@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from records import add_record_argument, store
+
 WARM_STEPS, RL_STEPS, EVAL_EVERY, EVAL = 25, 150, 50, 128
 
 
@@ -104,9 +106,7 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=WARM_STEPS, help="supervised warm-start steps")
     parser.add_argument("--rl-steps", type=int, default=RL_STEPS)
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="RL steps between held-out evaluations")
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser)
     args = parser.parse_args()
     sft, rl = sft_args(args.warm_steps), rl_args(args.rl_steps, args.eval_every)
     with tempfile.TemporaryDirectory(prefix="grpoplus-shapes-") as folder:
@@ -121,13 +121,7 @@ def main() -> None:
                "met_greedy": within and all(r["greedy_gain_points"] >= 20 for r in rows),
                "met_sampled": within and all(r["sampled_gain_points"] >= 20 for r in rows)}
     print(json.dumps(summary))
-    if args.record is not None:
-        sys.path.append(str(Path(__file__).resolve().parent))
-        from records import write_record
-
-        path = write_record("shapes_vlm", {"seeds": rows, "summary": summary, "sft": sft, "rl": rl},
-                            args.record or None)
-        print(json.dumps({"record": str(path)}))
+    store("shapes_vlm", {"seeds": rows, "summary": summary, "sft": sft, "rl": rl}, args.record)
 
 
 if __name__ == "__main__":

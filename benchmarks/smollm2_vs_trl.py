@@ -43,6 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 import torch  # noqa: E402
+from records import add_record_argument, package_version, store  # noqa: E402
 
 from grpoplus.models import cpu_matmul  # noqa: E402
 
@@ -243,9 +244,6 @@ def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None
                 raise SystemExit(f"{side} {' '.join(overrides)} failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
             calls.append({**json.loads(lines[-1]), "round": round_, "overrides": " ".join(overrides)})
             print(json.dumps(calls[-1]), flush=True)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from records import package_version
-
     sides = []
     for side, overrides in COMPARED:
         mine = [c for c in calls if c["side"] == side and c["overrides"] == " ".join(overrides)]
@@ -259,11 +257,7 @@ def compare(model: str, steps: int, warmup: int, rounds: int, record: str | None
                "cpu_matmul": sorted({str(c.get("cpu_matmul_onednn")) for c in calls if c["side"] == "grpoplus"}),
                "sides": sides, "calls": calls}
     print(json.dumps({"sides": sides}))
-    if record is not None:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from records import write_record
-
-        print(json.dumps({"record": str(write_record("smollm2_vs_trl", figures, record or None))}))
+    store("smollm2_vs_trl", figures, record)
 
 
 def vs_trl_table(figures: dict) -> str:
@@ -332,9 +326,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=["save", "trl", "grpoplus", "summary", "compare"])
     parser.add_argument("--rounds", type=int, default=2, help="compare: alternations of every side")
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="compare: store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
+    add_record_argument(parser, "compare")
     parser.add_argument("path", nargs="?", help="summary: the JSONL of the calls")
     parser.add_argument("--model", default="/tmp/smollm2-hf", help="a Hugging Face dir of SmolLM2-135M-Instruct")
     parser.add_argument("--steps", type=int, default=4)

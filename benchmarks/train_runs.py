@@ -1,10 +1,13 @@
-"""What the benchmarks that run ``grpoplus train`` as a user does share (:mod:`seeds`, :mod:`arms`): one call in
-its own process, and a command line whose words after ``--`` are the training command's."""
+"""What the benchmarks that run ``grpoplus train`` as a user does share (:mod:`seeds`, :mod:`arms`, :mod:`demo`): one
+call in its own process, one seed's run with a cold warm-start cache, and a command line whose words after ``--`` are
+the training command's."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -23,24 +26,19 @@ def train(args: list[str], out: Path, env: dict | None = None) -> tuple[list[dic
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], done.stderr, wall
 
 
+def cold_seed(args: list[str], out: Path, seed: int) -> tuple[list[dict], int | None, float]:
+    """``grpoplus train ARGS --seed SEED`` with a cache of its own beside ``out`` (``GRPOPLUS_CACHE``), so it builds
+    its warm start as a new user's first run does: its metrics records, the warm start's seconds (None when it
+    built none) and its wall seconds."""
+    cache = out.with_name(out.name + "-cache")
+    rows, stderr, wall = train([*args, "--seed", str(seed)], out, env=dict(os.environ, GRPOPLUS_CACHE=str(cache)))
+    warm = re.search(r"warm start: done in (\d+) s", stderr)
+    return rows, int(warm.group(1)) if warm else None, wall
+
+
 def parse_with_train_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
     """The benchmark's own arguments, and the words after ``--``: the arguments of ``grpoplus train``."""
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     return parser.parse_args(argv[:cut]), argv[cut + 1:]
 
-
-def add_record_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--record", nargs="?", const="", default=None,
-                        help="store a record (command, figures, machine, commit, date) in this folder "
-                             "(default docs/results/records)")
-
-
-def store(benchmark: str, figures: dict, folder: str | None) -> None:
-    """Write the record when ``--record`` was given, and print where it went."""
-    if folder is None:
-        return
-    sys.path.insert(0, str(Path(__file__).parent))
-    from records import write_record
-
-    print(json.dumps({"record": str(write_record(benchmark, figures, folder or None))}))
