@@ -72,6 +72,37 @@ def measure(rows: int, repeats: int) -> dict:
             "speedup": round(seconds["torch"] / seconds["onednn"], 2), "max_rel_diff": worst}
 
 
+def _thread_runs(figures: dict) -> list[dict]:
+    """The JSON line of each thread count, from a record of ``benchmarks/records.py cpu_matmul "python ..."``."""
+    return [v for call in figures["calls"] for v in call["printed"] if "threads" in v]
+
+
+def totals_table(figures: dict) -> str:
+    """Per thread count: one forward and backward's products by each library, the ratio, and what auto picks."""
+    lines = ["| threads | rows | every product of a forward and backward, torch | the same, oneDNN | oneDNN / torch "
+             "per product | largest relative difference | `auto` picks |", "|---:|---:|---:|---:|---|---:|---|"]
+    for run in _thread_runs(figures):
+        ratios = [p["onednn_gflops"] / p["torch_gflops"] for p in run["products"].values()]
+        lines.append(f"| {run['threads']} | {run['rows']} | {run['torch_s']:.2f} s | {run['onednn_s']:.2f} s "
+                     f"({run['speedup']:.2f}x) | {min(ratios):.2f}-{max(ratios):.2f}x | {run['max_rel_diff']:.1e} | "
+                     f"{'oneDNN' if run['auto_uses_onednn'] else 'torch'}: {run['auto_why']} |")
+    return "\n".join(lines) + "\n"
+
+
+def products_table(figures: dict) -> str:
+    """GFLOP/s of each product by each library, per thread count."""
+    runs = _thread_runs(figures)
+    lines = ["| product | " + " | ".join(f"torch, {r['threads']} thr | oneDNN, {r['threads']} thr" for r in runs)
+             + " |", "|---|" + "---:|---:|" * len(runs)]
+    for name in runs[0]["products"]:
+        lines.append(f"| {name} | " + " | ".join(f"{r['products'][name]['torch_gflops']:.0f} | "
+                                                  f"{r['products'][name]['onednn_gflops']:.0f}" for r in runs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+VIEWS = {"totals": totals_table, "products": products_table}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])

@@ -87,6 +87,30 @@ def profile_kinds(engine, prompts, params) -> dict:
     return {k: round(v, 3) for k, v in split.items()}
 
 
+def floors_table(figures: dict) -> str:
+    """Per variant: the rollout split into prefill and decode, against the floors measured in the same process."""
+    printed = [v for call in figures["calls"] for v in call["printed"]]
+    rates = next(v for v in printed if "matmul_gflops_now" in v)
+    lines = ["| variant | first rollout s | rollout s | prefill s | decode s | bandwidth floor s | compute floor s | "
+             "higher floor / decode | same tokens as eager | log-prob difference |", "|---|---:|---:|---:|---:|---:|"
+             "---:|---:|---|---:|"]
+    lines += [f"| {v['variant']} | {v['first_rollout_s']:.2f} | {v['rollout_s']:.2f} | {v['prefill_s']:.2f} | "
+              f"{v['decode_s']:.2f} | {v['bw_floor_s']:.2f} | {v['compute_floor_s']:.2f} | "
+              f"{v['decode_floor_fraction']:.2f} | {'yes' if v['same_tokens_as_eager'] else 'no'} | "
+              f"{v['logp_max_diff_vs_eager']:.1e} |" for v in printed if "variant" in v]
+    lines += ["", f"Rates measured in the process just before: memory {rates['memory_gb_s_now']} GB/s, fp32 matmul "
+                  f"{rates['matmul_gflops_now']} GFLOP/s (torch's {rates['torch_matmul_gflops_now']}), "
+                  f"{rates['torch_threads']} torch threads, load average {rates['load_avg_1min']:.1f}."]
+    kinds = next((v["eager_cpu_s_by_kind"] for v in printed if "eager_cpu_s_by_kind" in v), None)
+    if kinds:
+        lines.append("One eager rollout's CPU seconds by kind of op: "
+                     + ", ".join(f"{k} {s:.2f}" for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])) + ".")
+    return "\n".join(lines) + "\n"
+
+
+VIEWS = {"table": floors_table}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)

@@ -132,7 +132,22 @@ def state_plot(figures: dict) -> dict:
             "unit": "MB per rank", "series": parts}
 
 
-VIEWS = {"table": strategies_table}
+def loading_table(figures: dict) -> str:
+    """Per call of a record: what each rank holds once the model is built (its parameters, and its reference where
+    a call has one), and its peak RSS then, rank by rank."""
+    calls = _calls(figures)
+    ref = any(r["reference_mb"] for ranks, _, _ in calls for r in ranks)
+    lines = ["| strategy | rank | parameters held |" + (" reference held |" if ref else "")
+             + " rank 0's plain copy | peak RSS once built |", "|---|---:|---:|" + ("---:|" if ref else "") + "---:|---:|"]
+    for ranks, _, summary in calls:
+        name = " ".join([f"`{summary['summary']}`", *(f"`{o}`" for o in summary["overrides"])])
+        lines += [f"| {name} | {r['rank']} | {r['params_mb']:.0f} MB |" + (f" {r['reference_mb']:.0f} MB |" if ref else "")
+                  + f" {r['mirror_mb']:.0f} MB | {r['built_peak_rss_mb']:.0f} MB |"
+                  for r in sorted(ranks, key=lambda r: r["rank"])]
+    return "\n".join(lines)
+
+
+VIEWS = {"table": strategies_table, "loading": loading_table}
 """What a page renders from a record (``benchmarks/render.py``)."""
 PLOTS = {"state": state_plot}
 
