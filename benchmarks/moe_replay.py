@@ -2,6 +2,7 @@
 change what token-level GRPO with several updates per batch does?
 
     python benchmarks/moe_replay.py [--steps 40] [--seeds 0 1] [--setting default|stress] [--out runs/moe_replay]
+        [--record]
 
 Four arms on ``--model tiny-moe`` (the warm start of seed 0 for every seed, so only the RL seed
 varies), task arithmetic, 16 prompts x 8 responses per step, no KL:
@@ -30,6 +31,8 @@ import math
 import statistics
 import time
 from pathlib import Path
+
+from records import add_record_argument, store
 
 BASE = ["beta=0", "aggregation=token_mean", "num_minibatches=4"]
 ARMS: dict[str, tuple[str, list[str]]] = {
@@ -153,6 +156,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--setting", default="default", choices=list(SETTINGS))
     parser.add_argument("--out", default="runs/moe_replay")
+    add_record_argument(parser)
     args = parser.parse_args()
     from grpoplus.sft.warmstart import build_warmstart
 
@@ -169,6 +173,17 @@ def main() -> None:
     print(table(results))
     if BASELINE in results:
         print("\n".join(verdict(results)))
+    store(f"moe_replay_{args.setting}", {"setting": args.setting, "steps": args.steps, "results": results,
+                                        "verdicts": verdict(results) if BASELINE in results else []}, args.record)
+
+
+def _results(figures: dict) -> dict[str, dict[int, dict[str, float]]]:
+    return {arm: {int(s): v for s, v in runs.items()} for arm, runs in figures["results"].items()}
+
+
+VIEWS = {"table": lambda figures: table(_results(figures)),
+         "verdicts": lambda figures: "\n".join(f"- {line}" for line in figures["verdicts"]) + "\n"}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 if __name__ == "__main__":
