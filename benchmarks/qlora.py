@@ -1,6 +1,6 @@
 """QLoRA against LoRA and full fine-tuning on SmolLM2-135M: peak memory, seconds per step, and the first steps' trend.
 
-    python benchmarks/qlora.py [--model smollm2] [--steps 4] [--warmup 1] [--threads 1] [key=value ...]
+    python benchmarks/qlora.py [--model smollm2] [--steps 4] [--warmup 1] [--threads 1] [--record] [key=value ...]
 
 Three variants, one after another, each in its own process so that its peak resident memory (``ru_maxrss``) is
 its own: full fine-tuning, LoRA (``learner.lora_rank=16``, fp32) and QLoRA (the same adapters on an nf4 base,
@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from records import add_record_argument, store
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded
 
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--variant", choices=list(VARIANTS), help="run this variant alone, in this process")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every variant")
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args.variant, args.model, args.steps, args.warmup, args.threads, args.overrides)))
@@ -131,6 +134,12 @@ def main() -> None:
         records.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(records[-1]), flush=True)
     print(table(records))
+    store("qlora", {"overrides": args.overrides, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                    "variants": records}, args.record)
+
+
+VIEWS = {"table": lambda figures: table(figures["variants"])}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 if __name__ == "__main__":
