@@ -1,8 +1,8 @@
 """Compiled learner layers (learner.compile) against eager ones: one learner step side by side, in one process.
 
-    PYTHONPATH=. python benchmarks/learner_compile.py [--model tiny|smollm2] [--prompts 4] [--group 4]
+    python benchmarks/learner_compile.py [--model tiny|smollm2] [--prompts 4] [--group 4]
         [--max-new-tokens 64] [--micro-batch-size 8] [--micro-batch-tokens 0] [--packing] [--mode default]
-        [--repeats 3] [--threads 0] [--warm-cache]
+        [--repeats 3] [--threads 0] [--warm-cache] [--record]
 
 The workload of benchmarks/packing.py (prompts of 40 to 80 tokens, response lengths log-uniform up to
 ``--max-new-tokens``, random token ids), two batches of different widths taken in turn, so that a compiled layer
@@ -28,8 +28,9 @@ import statistics
 import tempfile
 
 import torch
+from packing import load, step, varied_batch
+from records import add_record_argument, store
 
-from benchmarks.packing import load, step, varied_batch
 from grpoplus.learner.compiling import compiled_graphs
 from grpoplus.models.device import cpuinfo
 
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--warm-cache", action="store_true", help="use inductor's usual on-disk cache")
+    add_record_argument(parser)
     args = parser.parse_args()
     if not args.warm_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpoplus-inductor-")
@@ -87,6 +89,32 @@ def main() -> None:
           f"{compiled_graphs()} at the end ({'warm' if args.warm_cache else 'cold'} cache); eager / compiled step time "
           f"{statistics.median(times['eager']) / steady:.2f}x median, {min(times['eager']) / min(times['compiled']):.2f}x "
           f"min; eager+shared / compiled {statistics.median(times['eager+shared']) / steady:.2f}x median")
+    store("learner_compile", {"model": args.model, "packing": args.packing, "mode": args.mode,
+                              "threads": torch.get_num_threads(), "cold_cache": not args.warm_cache,
+                              "compile_s": round(first - steady, 1), "graphs": [graphs_first, compiled_graphs()],
+                              "seconds": {name: [round(x, 3) for x in times[name]] for name in arms},
+                              "grad_norm_rel_diff": {name: max(abs(a / b - 1) for a, b in zip(norms[name], norms["eager"]))
+                                                     for name in arms}}, args.record)
+
+
+def ratios_table(figures: list[dict] | dict) -> str:
+    """One row per call of a record (``benchmarks/records.py learner_compile "python ..." ...``, or one call's own
+    record): the steady step's ratios, the compilation's seconds and the graphs compiled."""
+    calls = [v for call in figures["calls"] for v in call["printed"] if "seconds" in v] if "calls" in figures \
+        else [figures]
+    lines = ["| model | rows | eager / compiled | default (eager+shared) / compiled | compilation s (cache) | "
+             "graphs after the first step, at the end |", "|---|---|---:|---:|---:|---|"]
+    for c in calls:
+        med = {name: statistics.median(t) for name, t in c["seconds"].items()}
+        lines.append(f"| {c['model']} | {'packed' if c['packing'] else 'padded'} | "
+                     f"{med['eager'] / med['compiled']:.2f}x | {med['eager+shared'] / med['compiled']:.2f}x | "
+                     f"{c['compile_s']:.0f} ({'cold' if c['cold_cache'] else 'warm'}) | {c['graphs'][0]}, "
+                     f"{c['graphs'][1]} |")
+    return "\n".join(lines)
+
+
+VIEWS = {"table": ratios_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 if __name__ == "__main__":

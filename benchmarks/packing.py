@@ -2,6 +2,7 @@
 
     python benchmarks/packing.py [--model tiny|smollm2] [--prompts 4] [--group 4] [--max-new-tokens 256]
                                  [--micro-batch-size 16] [--micro-batch-tokens 0] [--repeats 3] [--threads 0]
+                                 [--record]
 
 A synthetic batch whose response lengths vary widely, as a task that makes the model work gives them with
 ``max_new_tokens=256``: per row a length drawn log-uniformly from 4 to ``--max-new-tokens`` (a few long
@@ -24,6 +25,7 @@ import statistics
 import time
 
 import torch
+from records import add_record_argument, store
 
 from grpoplus.algo import AlgoConfig
 from grpoplus.containers import TrainBatch
@@ -66,7 +68,8 @@ def varied_batch(vocab: int, prompts: int, group: int, max_new: int, seed: int =
 def step(model, batch: TrainBatch, arm: dict, args) -> tuple[float, dict]:
     """Seconds and metrics of one optimizer step of ``arm``."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    plan = LearnerPlan(1.0, args.micro_batch_size, 1.0, "forward", micro_batch_tokens=args.micro_batch_tokens,
+    plan = LearnerPlan(temperature=1.0, micro_batch_size=args.micro_batch_size, max_grad_norm=1.0, logp_old="forward",
+                       micro_batch_tokens=args.micro_batch_tokens,
                        **arm)
     algo = AlgoConfig.preset("grpo", beta=0.0, max_len=args.max_new_tokens)
     start = time.perf_counter()
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -110,6 +114,31 @@ def main() -> None:
           f"{metrics['packed']['learner/pad_frac']:.3f}; packed / padded time ratio "
           f"{statistics.median(times['packed']) / statistics.median(times['padded']):.2f}, packed / padded+shared "
           f"{statistics.median(times['packed']) / base:.2f}")
+    store("packing", {"model": args.model, "rows": len(lengths), "response_lengths": [int(lengths.min()),
+                      int(lengths.median()), int(lengths.max())], "threads": torch.get_num_threads(),
+                      "pad_frac_padded": round(metrics["packed"]["learner/pad_frac_padded"], 3),
+                      "arms": {name: {"seconds": [round(x, 3) for x in times[name]],
+                                      "pad_frac": round(metrics[name]["learner/pad_frac"], 3),
+                                      "loss": metrics[name]["loss/total"]} for name in ARMS}}, args.record)
+
+
+def arms_table(figures: dict) -> str:
+    """Per arm: the step's median seconds (each repeat's), its padding and loss, and the default's time over it."""
+    base = statistics.median(figures["arms"]["padded+shared"]["seconds"])
+    lo, med, hi = figures["response_lengths"]
+    lines = [f"{figures['model']}, {figures['rows']} rows, responses of {lo}-{hi} tokens (median {med}), "
+             f"{figures['threads']} torch thread(s):", "",
+             "| arm | s/step, median (each repeat) | padding | loss | `padded+shared` / arm |",
+             "|---|---:|---:|---:|---:|"]
+    for name, arm in figures["arms"].items():
+        t = statistics.median(arm["seconds"])
+        lines.append(f"| `{name}` | {t:.2f} ({', '.join(f'{x:.2f}' for x in arm['seconds'])}) | "
+                     f"{100 * arm['pad_frac']:.0f}% | {arm['loss']:+.6f} | {base / t:.2f}x |")
+    return "\n".join(lines)
+
+
+VIEWS = {"table": arms_table}
+"""What a page renders from a record (``benchmarks/render.py``)."""
 
 
 if __name__ == "__main__":
