@@ -18,8 +18,8 @@ is left of ``--budget-s`` (default 540 s, leaving time for a second try in a 15-
    model of ``learner.micro_batch_size=auto`` (``activation.jsonl``, ``activation.log``; seconds);
 4. ``benchmarks/gpu_vs_trl.py``: TRL's GRPOTrainer and grpoplus alternated on the Qwen2.5-1.5B and -0.5B shapes
    (``bench.jsonl``, ``bench.log``), grpoplus twice a pair (:data:`SIDES`: the compiled decode with the micro-batch
-   chosen from memory, then the defaults), each call only while the budget allows it (a call's estimate: the
-   longest on that shape so far).
+   chosen from memory, then the defaults), then with what is left the Qwen2.5-7B shape with LoRA on both sides
+   (:data:`LORA`), each call only while the budget allows it (a call's estimate: the longest on that shape so far).
 
 ``summary.md`` holds the environment, every check's line, the test summary, the benchmark's medians and ratios,
 and what the budget left out. The exit code is 1 when a step failed.
@@ -52,6 +52,10 @@ SHAPES = ("qwen2.5-1.5b", "qwen2.5-0.5b")  # 1.5B first: every target applies to
 SIDES = (("trl", []), ("grpoplus", ["rollout.compile=true", "learner.micro_batch_size=auto"]), ("grpoplus", []))
 """Each pair's calls, in order: TRL; grpoplus with the compiled decode (CUDA graphs) and the micro-batch chosen from
 memory; grpoplus as the benchmark's defaults run it (the eager decode, 64-row micro-batches: the first GPU run's)."""
+LORA = ("qwen2.5-7b", 16, ["--trl-micro-batch", "64"])
+"""With the budget left after the pairs: the single-GPU LoRA step, TRL with peft against grpoplus (both rank 16 on
+every linear layer; TRL accumulating over 64-row micro-batches, as grpoplus's default micro-batch, to fit an 80 GB
+GPU); the rehearsal runs it at rank 4 on the tiny shape."""
 TINY = ["--prompts", "2", "--group", "2", "--new-tokens", "8", "--steps", "3", "--warmup", "1"]
 FULL = ["--prompts", "32", "--group", "8", "--new-tokens", "256", "--steps", "3", "--warmup", "1"]
 
@@ -186,7 +190,7 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
     bench = [sys.executable, str(ROOT / "benchmarks" / "gpu_vs_trl.py")]
     records, log, notes, code = out / "bench.jsonl", out / "bench.log", [], 0
     shapes, rounds = (["tiny"], 1) if tiny else (list(SHAPES), 2)
-    estimate = {shape: 0.0 for shape in shapes}  # a call's seconds on the shape: the longest so far
+    estimate = dict.fromkeys([*shapes, LORA[0]], 0.0)  # a call's seconds on the shape: the longest so far
 
     def call(name: str, args: list[str], shape: str, cap: float) -> int:
         if budget.left() < estimate[shape] * 1.2 + 10:
@@ -209,6 +213,7 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
                           [side, "--shape", shape, "--device", device, *(TINY if tiny else FULL), *profile, *overrides],
                           shape, 300)
                 code = code or max(rc, 0)
+    code = code or lora_pair(call, device, gpu_dir, tiny, saved)
     code = code or int(not all(saved.values()))
     rc, _, text = step("summary", [*bench, "summary", str(records)], env, log, Budget(60), 60) \
         if records.is_file() else (1, 0.0, "no benchmark call ran")
@@ -221,6 +226,22 @@ def side_by_side(out: Path, device: str, gpu_dir: Path, env: dict, budget: Budge
                      " (its table, as `docs/how-to/gpu.md` renders it:)")
         notes += ["", calls_table({"calls": calls})]
     return code or rc, ["```", text.strip(), "```", *notes]
+
+
+def lora_pair(call, device: str, gpu_dir: Path, tiny: bool, saved: dict) -> int:
+    """TRL and grpoplus with LoRA adapters (:data:`LORA`), each while the budget allows; the worst exit code (a call
+    the budget left out is no failure)."""
+    shape, rank, trl_args = ("tiny", 4, []) if tiny else LORA
+    rc = 0 if saved.get(shape) else call(f"save {shape}", ["save", "--shape", shape, "--device", device, "--tokenizer",
+                                                            str(gpu_dir / "tokenizer")], shape, 180)
+    if rc:
+        return max(rc, 0)
+    code = 0
+    for side, extra in (("trl", trl_args), ("grpoplus", [])):
+        rc = call(f"{side} {shape} LoRA {rank}", [side, "--shape", shape, "--device", device, *(TINY if tiny else FULL),
+                                                  "--lora-rank", str(rank), *extra], shape, 300)
+        code = code or max(rc, 0)
+    return code
 
 
 def main() -> int:

@@ -138,8 +138,18 @@ def main() -> None:
                     "variants": records}, args.record)
 
 
+def memory_plot(figures: dict) -> dict:
+    """Each variant's resident memory once built and at its peak (:mod:`plots`)."""
+    extra = " ".join(figures["overrides"])
+    return {"kind": "bars", "title": "SmolLM2-135M: resident memory per variant" + (f" ({extra})" if extra else ""),
+            "unit": "MB", "labels": [r["variant"] for r in figures["variants"]],
+            "series": {"once built": [r["built_rss_mb"] for r in figures["variants"]],
+                       "peak": [r["peak_rss_mb"] for r in figures["variants"]]}}
+
+
 VIEWS = {"table": lambda figures: table(figures["variants"])}
 """What a page renders from a record (``benchmarks/render.py``)."""
+PLOTS = {"memory": memory_plot}
 
 
 if __name__ == "__main__":
