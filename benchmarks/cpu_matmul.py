@@ -85,7 +85,7 @@ def totals_table(figures: dict) -> str:
         ratios = [p["onednn_gflops"] / p["torch_gflops"] for p in run["products"].values()]
         lines.append(f"| {run['threads']} | {run['rows']} | {run['torch_s']:.2f} s | {run['onednn_s']:.2f} s "
                      f"({run['speedup']:.2f}x) | {min(ratios):.2f}-{max(ratios):.2f}x | {run['max_rel_diff']:.1e} | "
-                     f"{'oneDNN' if run['auto_uses_onednn'] else 'torch'}: {run['auto_why']} |")
+                     f"{'oneDNN' if run['auto_uses_onednn'] else 'torch'} ({run['vendor']}) |")
     return "\n".join(lines) + "\n"
 
 

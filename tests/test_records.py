@@ -118,24 +118,12 @@ def test_printed_json_values_become_a_records_figures(tmp_path, monkeypatch):
 
 
 LONG = "runs of an hour or more on 2 cores: to re-run with a record when the machine is free"
-HISTORY = "earlier code's figures on an earlier machine, kept as the page's history"
 UNRECORDED = {
-    ("distillation.md", "Distillation"): LONG,
-    ("lab.md", "Fidelity lab verdicts"): "grpoplus lab all: 8 experiments x 3 seeds, hours",
-    ("lab.md", "distillation (measured 2026-11-27)"): LONG,
-    ("moe.md", "The benchmark: does routing replay change token-level GRPO with several updates per batch?"): LONG,
     ("multi-turn.md", "SmolLM2-135M-Instruct learns the calculator: a supervised warm start, then RL"): LONG,
     ("multi-turn.md", "A longer RL stage, measured on 128 problems"): LONG,
     ("multi-turn.md", "The same stage with a KL term to the warm start and one update per batch"): LONG,
     ("multi-turn.md", "With dynamic sampling, RL gains on every seed"): LONG,
-    ("scaling.md", "Loading without a whole copy on every rank"): "two commits compared, ae00f49 and f7c2995",
-    ("smollm2-speed.md", "Measured (rough: 2 cores shared with other work)"): HISTORY,
-    ("smollm2-speed.md", "The decode against its floors"): HISTORY,
-    ("smollm2-speed.md", "Against TRL, with packing and compilation (2026-11-27)"): HISTORY,
-    ("smollm2-speed.md", "Against TRL after the learner's CPU attention and head changes (2026-11-27, later)"): HISTORY,
-    ("smollm2-speed.md", "Against TRL with the learner's products through oneDNN (2026-11-27, latest)"): HISTORY,
     ("smollm2-wordproblems.md", "SmolLM2-135M-Instruct learns wordproblems"): LONG,
-    ("vs-trl.md", "History: earlier code and machines, no stored record"): HISTORY,
 }
 """The results tables still typed by hand, by (page, section heading): measured before the records existed, each
 under a stamp saying what was not recorded. Re-running a benchmark with a record and rendering the section takes it
@@ -186,3 +174,20 @@ def test_the_gpu_checks_record_renders_each_call_against_trls_of_its_setting():
     rows = calls_table({"calls": calls}).splitlines()[2:]
     assert rows[0].startswith("| qwen2.5-1.5b | trl | 256 | 14.00 | 1.00x |") and rows[0].endswith("| 38.0 GB |")
     assert "| grpoplus learner.micro_batch_size=auto | auto (65536 tokens) | 7.00 | 2.00x |" in rows[1]
+
+
+def test_the_gpu_checks_lora_calls_pair_with_trls_lora_call_and_meet_the_lora_target(tmp_path, capsys):
+    from gpu_vs_trl import calls_table, summary
+
+    base = {"shape": "qwen2.5-7b", "precision": "bf16", "gradient_checkpointing": "on", "prompts": 32, "group": 8,
+            "new_tokens": 256, "rollout_s": 9.0, "learner_s": 3.0, "learner_mfu": 0.3, "rollout_vs_floor": 0.1,
+            "peak_mem_mb": 40960.0, "micro_batch": 64}
+    calls = [{"side": "trl", **base, "median_s_per_step": 12.0, "steps_per_s": 1 / 12.0},
+             {"side": "trl", **base, "lora_rank": 16, "median_s_per_step": 10.0, "steps_per_s": 1 / 10.0},
+             {"side": "grpoplus", **base, "lora_rank": 16, "median_s_per_step": 8.0, "steps_per_s": 1 / 8.0}]
+    rows = calls_table({"calls": calls}).splitlines()[2:]
+    assert rows[2].startswith("| qwen2.5-7b LoRA 16 | grpoplus | 64 | 8.00 | 1.25x |")  # against TRL's LoRA call
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in calls))  # as the calls print them: "side" first
+    summary(str(path))
+    assert "PASS  qwen2.5-7b bf16 gc=on 32x8x256 lora=16  grpoplus: steps/s >= 1x TRL" in capsys.readouterr().out

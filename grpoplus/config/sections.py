@@ -290,7 +290,8 @@ class LearnerConfig:
     cpu_matmul: Literal["auto", "onednn", "torch"] = "auto"
     """Which library multiplies float32 linear layers on a CPU (every process of the run): onednn (PyTorch's bundled
     oneDNN, with a backward of its own), torch (its BLAS: MKL on x86), or auto: onednn on AMD x86 CPUs, where torch's
-    MKL runs generic AVX2 kernels and oneDNN was measured 2-2.5x faster on the learner's products, torch elsewhere.
+    MKL runs generic AVX2 kernels and oneDNN was measured faster on the learner's products (2-2.3x on one EPYC,
+    level on another: benchmarks/cpu_matmul.py measures a machine), torch elsewhere.
     The same numbers to float32 rounding; bf16 autocast, GPUs and compiled code keep torch's path."""
     data_parallel: int = 1
     """Learner ranks (torch.distributed: gloo on CPU, NCCL on GPU), each taking whole micro-batches of

@@ -1,10 +1,12 @@
 """Float32 linear layers on a CPU through oneDNN instead of torch's BLAS, where that is the faster library.
 
-PyTorch's x86 wheels multiply float32 matrices with MKL, which runs its generic AVX2 kernels on AMD processors. On
-this project's 2-core AMD EPYC (avx512f, avx512_bf16, no AMX) a float32 product of SmolLM2's learner shapes (768 x 576
-by 576 x 1536 and the like) ran at 80-115 GFLOP/s on one core through MKL and at 170-260 through oneDNN, the
-library PyTorch bundles for its CPU inference kernels: 2-2.5x, for the forward product and both backward ones
-(``dX = dY W``, ``dW = dY^T X``), the same numbers to float32 rounding (``benchmarks/cpu_matmul.py``).
+PyTorch's x86 wheels multiply float32 matrices with MKL, which runs its generic AVX2 kernels on AMD processors.
+oneDNN, the library PyTorch bundles for its CPU inference kernels, has AVX-512 kernels of its own. On a 2-core AMD
+EPYC with ``avx512_vp2intersect`` and ``avx_vnni`` (2026-11-27) a float32 product of SmolLM2's learner shapes (768 x
+576 by 576 x 1536 and the like) ran 2-2.3x faster through oneDNN than through MKL, for the forward product and both
+backward ones (``dX = dY W``, ``dW = dY^T X``); on a 2-core EPYC without those two flags (2026-11-29) the two
+libraries were level over a whole forward and backward (``benchmarks/cpu_matmul.py`` measures a machine; its record
+is in ``docs/results/smollm2-speed.md``). The same numbers to float32 rounding either way.
 
 The routing is scoped to the models grpoplus loads: :func:`route` marks each ``nn.Linear`` of one model (a plain
 attribute, kept through a copy, pickling, peft's wrapping and FSDP2's class swap), and :func:`use_cpu_matmul`, called
@@ -64,8 +66,8 @@ def auto_choice() -> str:
     if not onednn_available():
         return f"torch's BLAS: this torch {torch.__version__} has no oneDNN linear op"
     if uses_onednn("auto"):
-        return ("oneDNN: an AMD x86 CPU, where torch's MKL runs generic AVX2 kernels and oneDNN was measured 2-2.5x "
-                "faster on the learner's float32 products")
+        return ("oneDNN: an AMD x86 CPU, where torch's MKL runs generic AVX2 kernels; oneDNN was measured 2-2.3x "
+                "faster on the learner's float32 products on one AMD EPYC and level on another")
     return (f"torch's BLAS: a {cpu_vendor() or platform.machine()} CPU (oneDNN is picked on AMD x86 only, where it "
             "was measured faster; learner.cpu_matmul=onednn forces it)")
 
