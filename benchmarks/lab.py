@@ -23,6 +23,8 @@ from pathlib import Path
 
 from records import add_record_argument, store
 
+from grpoplus.lab.verdict import _mean, _span  # the lab's own verdict.md formats
+
 
 def run_lab(name: str, out: Path, seeds: int, steps: int | None, extra: list[str]) -> dict:
     """Run the experiment through the CLI and return its verdict, the run folders left out."""
@@ -35,24 +37,14 @@ def run_lab(name: str, out: Path, seeds: int, steps: int | None, extra: list[str
     return verdict
 
 
-def _finite(values: list[float]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def _span(values: list[float]) -> str:
-    kept = _finite(values)
-    return f"{statistics.fmean(kept):.3g} [{min(kept):.3g}, {max(kept):.3g}]" if kept else "nan"
-
-
 def verdicts_table(figures: dict) -> str:
     """One row per claim: the measure, control and treatment (mean over seeds), the effect, per seed, verdict."""
     lines = ["| claim | measure | control -> treatment | effect: mean [min, max] | per seed | verdict |",
              "|---|---|---|---:|---|---|"]
     for c in figures["comparisons"]:
-        effects = _finite(c["effects"])
+        effects = [e for e in c["effects"] if math.isfinite(e)]
         mean = f"{statistics.fmean(effects):+.3g} [{min(effects):+.3g}, {max(effects):+.3g}]" if effects else "nan"
-        arms = f"`{c['control']}` {_span(c['control_values']).split(' ')[0]} -> `{c['treatment']}` " \
-               f"{_span(c['treatment_values']).split(' ')[0]}"
+        arms = f"`{c['control']}` {_mean(c['control_values'])} -> `{c['treatment']}` {_mean(c['treatment_values'])}"
         lines.append(f"| {c['claim']} | {c['measure']} | {arms} | {mean} | "
                      f"{', '.join(f'{e:+.3g}' for e in c['effects'])} | **{c['status']}** |")
     return "\n".join(lines) + "\n"

@@ -97,7 +97,7 @@ def main() -> None:
                                                      for name in arms}}, args.record)
 
 
-def ratios_table(figures: list[dict] | dict) -> str:
+def ratios_table(figures: dict) -> str:
     """One row per call of a record (``benchmarks/records.py learner_compile "python ..." ...``, or one call's own
     record): the steady step's ratios, the compilation's seconds and the graphs compiled."""
     calls = [v for call in figures["calls"] for v in call["printed"] if "seconds" in v] if "calls" in figures \
